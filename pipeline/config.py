@@ -1,0 +1,283 @@
+"""Strict, typed parameters: ``params.yaml`` -> frozen dataclasses.
+
+Every section of ``params.yaml`` maps to a frozen dataclass in ``pipeline/configs/``. Parsing is
+strict: an unknown or misspelled key, a value of the wrong type, or a missing required key raises
+:class:`ParamsError` naming the dotted key (``pretrain.mix_ratio.mlm``) and the file. Paths marked
+``must_exist`` are checked after parsing, so a wrong source path fails before any work starts.
+
+``--set a.b=value`` overrides are applied to the raw mapping before parsing; the value is read as
+YAML (``--set pretrain.steps=10`` gives an int, ``--set sources.cc.train_tsv=null`` gives None).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from pipeline.configs import must_exist  # noqa: F401  (re-exported)
+from pipeline.configs.dbs import BuildDbsConfig
+from pipeline.configs.decontaminate import DecontaminateConfig
+from pipeline.configs.extract import ExtractConfig
+from pipeline.configs.finetune import FinetuneConfig
+from pipeline.configs.ingest import IngestConfig
+from pipeline.configs.model import ModelConfig
+from pipeline.configs.pretrain import PretrainConfig
+from pipeline.configs.world import MiniWorldConfig, SourcesConfig
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class FrozenDict(dict):
+    """A read-only dict (picklable, unlike MappingProxyType) for mapping-valued params."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("params are read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+
+class ParamsError(ValueError):
+    """A params file (or override) does not match the typed schema."""
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """Where the pipeline writes. Every artifact lives below ``data``."""
+
+    data: Path = Path("data")
+    runs: Path = Path("runs")
+
+
+@dataclass(frozen=True)
+class Params:
+    """The whole of ``params.yaml``."""
+
+    world: Literal["mini", "real"]
+    seed: int
+    paths: PathsConfig
+    mini_world: MiniWorldConfig
+    sources: SourcesConfig
+    ingest: IngestConfig
+    decontaminate: DecontaminateConfig
+    extract: ExtractConfig
+    build_dbs: BuildDbsConfig
+    model: ModelConfig
+    pretrain: PretrainConfig
+    finetune: FinetuneConfig
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON form of these params (for ``_run.json``)."""
+        return hashlib.sha256(json.dumps(to_dict(self), sort_keys=True).encode()).hexdigest()
+
+    def section_digest(self, *names: str) -> str:
+        """sha256 of only the named sections (what a stage actually depends on)."""
+        payload = {n: to_dict(getattr(self, n)) for n in names}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _parse_value(tp: Any, value: Any, key: str) -> Any:
+    """Convert ``value`` to type ``tp`` or raise ParamsError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _parse_value(arg, value, key)
+            except ParamsError as err:
+                errors.append(str(err))
+        raise ParamsError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ParamsError(f"{key}: expected one of {list(args)}, got {value!r}")
+        return value
+    if is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return _parse_dataclass(tp, value, key)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ParamsError(f"{key}: expected one of {[m.value for m in tp]}, got {value!r}") from None
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ParamsError(f"{key}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ParamsError(f"{key}: expected {len(args)} items, got {len(value)}")
+            return tuple(_parse_value(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        item_tp = args[0] if args else Any
+        items = [_parse_value(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items)
+    if origin in (dict, collections.abc.Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{key}: expected a mapping, got {value!r}")
+        ktp, vtp = args if args else (Any, Any)
+        return FrozenDict(
+            {_parse_value(ktp, k, f"{key}.{k}"): _parse_value(vtp, v, f"{key}.{k}") for k, v in value.items()}
+        )
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamsError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key}: expected a string, got {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key}: expected a path string, got {value!r}")
+        return Path(value)
+    raise ParamsError(f"{key}: unsupported type {_type_name(tp)} in schema")
+
+
+def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls) if f.init}
+    dotted = (prefix + ".") if prefix else ""
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        close = {u: _closest(u, known) for u in unknown}
+        hint = "; ".join(f"did you mean '{dotted}{c}'?" for u, c in close.items() if c)
+        raise ParamsError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(dotted + u for u in unknown)}"
+            + (f" ({hint})" if hint else "")
+        )
+    kwargs = {}
+    for name, f in known.items():
+        key = dotted + name
+        if name in raw:
+            kwargs[name] = _parse_value(hints[name], raw[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ParamsError(f"missing key {key}")
+    return cls(**kwargs)
+
+
+def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _check_paths(obj: Any, prefix: str, errors: list[str]) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if is_dataclass(value):
+            _check_paths(value, key, errors)
+        elif f.metadata.get("must_exist") and value is not None and not Path(value).exists():
+            errors.append(f"{key}: path does not exist: {value}")
+
+
+# --------------------------------------------------------------------------------------------
+# overrides and loading
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override to the raw mapping in place (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ParamsError(f"--set expects KEY=VALUE, got {assignment!r}")
+    dotted, text = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"--set {dotted}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+
+
+def load_raw(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"params file not found: {path}")
+    with path.open() as fh:
+        raw = yaml.safe_load(fh) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_paths: bool = True) -> Params:
+    """Parse a raw mapping into :class:`Params`; raise ParamsError naming the key and ``source``."""
+    try:
+        params = _parse_dataclass(Params, raw, "")
+    except ParamsError as err:
+        raise ParamsError(f"{source}: {err}") from None
+    if check_paths:
+        errors: list[str] = []
+        if params.world == "real":
+            _check_paths(params.sources, "sources", errors)
+        _check_paths(params.model, "model", errors)
+        if errors:
+            raise ParamsError(f"{source}: " + "; ".join(errors))
+    return params
+
+
+def load_params(
+    path: Path | str = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True
+) -> Params:
+    """Read ``path``, apply ``--set`` overrides, parse strictly. Raises ParamsError."""
+    raw = load_raw(path)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return parse_params(raw, source=str(path), check_paths=check_paths)
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON-ready plain form of a (nested) config dataclass."""
+    if is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def dump_params(params: Params, path: Path) -> None:
+    """Write params back as YAML (used by Airflow runs to record what they ran with)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(to_dict(params), sort_keys=False))

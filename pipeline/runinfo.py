@@ -1,0 +1,144 @@
+"""Run records, digests, atomic writes and completion markers shared by every stage.
+
+Every output directory carries a ``_run.json`` (DESIGN.md §3): stage, params digest, input
+digests, code version, counts, wall time. Writers go through :func:`atomic_write_bytes` /
+:func:`atomic_dir` so a killed stage never leaves a half-written file at its final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+RUN_FILE = "_run.json"
+DONE_SUFFIX = ".done"
+
+
+def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
+    """sha256 hex of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_digest(path: Path | str) -> str:
+    """sha256 over (relative path, file digest) of every file below ``path``, in sorted order.
+
+    Files starting with ``_run`` are skipped: they hold wall times and would make digests unstable.
+    """
+    root = Path(path)
+    if root.is_file():
+        return file_digest(root)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file() and not q.name.startswith("_run")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(file_digest(p).encode())
+    return h.hexdigest()
+
+
+def code_version() -> str:
+    """The git commit of the working tree (``+dirty`` when it has changes), or ``unknown``."""
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:
+    """Deterministic JSON (sorted keys, trailing newline) written atomically."""
+    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
+
+    On an exception the temporary directory is removed and ``final`` is left untouched.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
+    """Leave a completion marker ``<path>.done`` (JSON) after ``path`` was fully written."""
+    atomic_write_json(Path(str(path) + DONE_SUFFIX), dict(info or {}))
+
+
+def is_done(path: Path | str) -> bool:
+    return Path(str(path) + DONE_SUFFIX).exists() and Path(path).exists()
+
+
+class RunRecord:
+    """Collects what a stage did and writes ``_run.json`` into its output directory.
+
+    >>> rec = RunRecord("ingest@coco", params.section_digest("sources", "ingest"))
+    >>> rec.inputs["captions"] = path; rec.counts["rows"] = 10
+    >>> rec.write(out_dir)
+    """
+
+    def __init__(self, stage: str, params_digest: str) -> None:
+        self.stage = stage
+        self.params_digest = params_digest
+        self.inputs: dict[str, Path | str] = {}
+        self.counts: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        self._start = time.time()
+
+    def write(self, out_dir: Path | str, name: str = RUN_FILE) -> dict[str, Any]:
+        record = {
+            "stage": self.stage,
+            "params_digest": self.params_digest,
+            "input_digests": {k: tree_digest(v) if Path(v).exists() else None for k, v in sorted(self.inputs.items())},
+            "code_version": code_version(),
+            "counts": self.counts,
+            "wall_time_s": round(time.time() - self._start, 3),
+            **self.extra,
+        }
+        atomic_write_json(Path(out_dir) / name, record)
+        return record

@@ -1,0 +1,53 @@
+"""The registry of stages: name -> entry point, one-line help, and what ITEM means.
+
+Each entry is ``module:function``, called as ``function(params)``, or ``function(params, item)`` for
+stages with an ITEM (the ``@<item>`` of a DVC foreach stage: a dataset, an image source or a task;
+None means all of them).
+Modules are imported only when their stage runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    entry: str
+    help: str
+    item: str | None = None  # what the optional positional ITEM names, if the stage takes one
+
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
+        Stage("ingest", "pipeline.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
+        Stage("decontaminate", "pipeline.decontaminate:run", "remove eval images from pretraining; reports"),
+        Stage("train_detector", "pipeline.detector_train:run", "fit the mini-world C4 detector"),
+        Stage("extract", "pipeline.regions:run", "Faster R-CNN region features, sharded", item="image_source"),
+        Stage("build_dbs", "pipeline.build_dbs:run", "LMDB image and text stores"),
+        Stage("pretrain", "pipeline.pretrain:run", "DeepSpeed pretraining (first stage)"),
+        Stage("pretrain_vcr", "pipeline.pretrain:run_vcr", "VCR second-stage pretraining"),
+        Stage("finetune", "pipeline.finetune:run", "fine-tune and evaluate one task", item="task"),
+        Stage("results", "pipeline.results:run", "results table with Meta-Sum"),
+    )
+}
+
+# Commands that are not pipeline stages (inspection tools); entry gets the remaining argv.
+TOOLS: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage("report", "pipeline.reports_cli:main", "inspect reports: `report cleaning [DATASET] [--show N]`"),
+        Stage("db", "pipeline.db_cli:main", "inspect stores: `db inspect PATH --key ID`, `db stats PATH`"),
+    )
+}
+
+
+def resolve(entry: str):
+    """Import ``module:function`` and return the function."""
+    import importlib
+
+    module_name, func_name = entry.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
