@@ -30,6 +30,9 @@ class MiniWorldConfig:
     captions_per_image: int = 5
     max_objects: int = 5
     n_planted_each: int = 6
+    n_vqa_test: int = 50  # COCO test2015 images carrying the VQA test questions
+    vqa_questions_per_image: int = 3
+    n_refcoco_images: int = 120  # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,218 @@
+"""Downstream-task text from scene graphs: VQA questions, VCR choices, NLVR2 statements, SNLI-VE
+hypotheses and RefCOCO+ expressions. Every answer and label is computed from the scene graph.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from pipeline.mini_world.scenes import COLOURS, SHAPES, Obj, Scene, relation
+from pipeline.mini_world.text import article, number_word, plural
+
+RELATIONS = ("to the left of", "to the right of", "above", "below")
+EDGE_OF = {"to the left of": "left", "to the right of": "right", "above": "top", "below": "bottom"}
+
+
+# ------------------------------------------------------------------ VQA
+@dataclass(frozen=True)
+class VqaItem:
+    question: str
+    answer: str  # the true answer (VQA-normalized form: digits, lower case)
+    answer_type: str  # yes/no | number | other
+    question_type: str
+    wrong: tuple[str, ...]  # plausible wrong answers that disagreeing annotators give
+
+
+def vqa_question(rng: np.random.Generator, scene: Scene) -> VqaItem:
+    """One question about ``scene`` whose answer is read off the scene graph."""
+    kind = ("color", "count", "count", "yesno", "yesno", "relation")[int(rng.integers(6))]
+    objs = scene.objects
+    shape_counts = Counter(o.shape for o in objs)
+    unique = [o for o in objs if shape_counts[o.shape] == 1]
+    if kind == "color" and unique:
+        o = unique[int(rng.integers(len(unique)))]
+        return VqaItem(f"What color is the {o.shape}?", o.colour, "other", "what color is the",
+                       tuple(c for c in COLOURS if c != o.colour))
+    if kind == "relation" and len(objs) >= 2 and len(unique) >= 2:
+        i, j = (int(v) for v in rng.choice(len(unique), size=2, replace=False))
+        a, b = unique[i], unique[j]
+        rel = relation(a, b) if rng.random() < 0.5 else RELATIONS[int(rng.integers(4))]
+        ans = "yes" if relation(a, b) == rel else "no"
+        return VqaItem(f"Is the {a.shape} {rel} the {b.shape}?", ans, "yes/no", "is the",
+                       ("no" if ans == "yes" else "yes",))
+    if kind in ("yesno", "relation"):
+        if rng.random() < 0.5:
+            o = objs[int(rng.integers(len(objs)))]
+            colour, shape = o.colour, o.shape
+        else:
+            colour, shape = str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))
+        ans = "yes" if scene.count(shape=shape, colour=colour) else "no"
+        return VqaItem(f"Is there {article(colour)} {colour} {shape}?", ans, "yes/no", "is there a",
+                       ("no" if ans == "yes" else "yes",))
+    how = int(rng.integers(3))
+    if how == 0:
+        shape = objs[int(rng.integers(len(objs)))].shape if rng.random() < 0.8 else str(rng.choice(SHAPES))
+        n, q = scene.count(shape=shape), f"How many {plural(shape, 2)} are there?"
+    elif how == 1:
+        colour = objs[int(rng.integers(len(objs)))].colour
+        n, q = scene.count(colour=colour), f"How many {colour} shapes are there?"
+    else:
+        n, q = len(objs), "How many shapes are in the picture?"
+    wrong = tuple(str(v) for v in (n + 1, max(0, n - 1), n + 2) if v != n)
+    return VqaItem(q, str(n), "number", "how many", wrong)
+
+
+def vqa_answers(rng: np.random.Generator, item: VqaItem) -> list[str]:
+    """Ten annotator answers: mostly the true one, a few plausible disagreements."""
+    p_right = float(rng.choice([1.0, 0.9, 0.8, 0.7]))
+    return [item.answer if rng.random() < p_right else item.wrong[int(rng.integers(len(item.wrong)))]
+            for _ in range(10)]
+
+
+# ------------------------------------------------------------------ VCR
+@dataclass(frozen=True)
+class VcrItem:
+    question: list
+    answers: list[list]
+    answer_label: int
+    rationales: list[list]
+    rationale_label: int
+
+
+def _choices(rng: np.random.Generator, right: list, wrong: list[list]) -> tuple[list[list], int]:
+    label = int(rng.integers(4))
+    picked = [wrong[int(k)] for k in rng.permutation(len(wrong))[:3]]
+    picked.insert(label, right)
+    return picked, label
+
+
+def vcr_item(rng: np.random.Generator, scene: Scene) -> VcrItem:
+    """A colour or relation question with object tags ([i] index lists) as in VCR's jsonl."""
+    objs = scene.objects
+    if len(objs) >= 2 and rng.random() < 0.5:
+        i, j = (int(v) for v in rng.choice(len(objs), size=2, replace=False))
+        rel = relation(objs[i], objs[j])
+        q = ["Where", "is", [i], "compared", "to", [j], "?"]
+        ans = {r: [[i], "is", *r.split(), [j], "."] for r in RELATIONS}
+        why = {r: ["Because", [i], "is", "closer", "to", "the", EDGE_OF[r], "edge", "than", [j], "."] for r in RELATIONS}
+        answers, a_label = _choices(rng, ans[rel], [ans[r] for r in RELATIONS if r != rel])
+        rationales, r_label = _choices(rng, why[rel], [why[r] for r in RELATIONS if r != rel])
+        return VcrItem(q, answers, a_label, rationales, r_label)
+    i = int(rng.integers(len(objs)))
+    o = objs[i]
+    q = ["What", "color", "is", [i], "?"]
+    ans = {c: [[i], "is", c, "."] for c in COLOURS}
+    answers, a_label = _choices(rng, ans[o.colour], [ans[c] for c in COLOURS if c != o.colour])
+    right = ["Because", [i], "is", article(o.colour), o.colour, o.shape, "."]
+    wrong = [["Because", [i], "is", article(o.colour), o.colour, s, "."] for s in SHAPES if s != o.shape][:2]
+    wrong += [["Because", [i], "is", article(c), c, o.shape, "."] for c in COLOURS if c != o.colour][:2]
+    rationales, r_label = _choices(rng, right, wrong)
+    return VcrItem(q, answers, a_label, rationales, r_label)
+
+
+# ------------------------------------------------------------------ NLVR2
+Statement = tuple[str, Callable[[Scene, Scene], bool]]
+
+
+def _nlvr2_statements(rng: np.random.Generator, left: Scene, right: Scene) -> list[Statement]:
+    pool = list(left.objects + right.objects)
+    o = pool[int(rng.integers(len(pool)))]
+    c, s = (o.colour, o.shape) if rng.random() < 0.6 else (str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES)))
+    n = left.count(shape=s) + right.count(shape=s) + int(rng.choice([0, 0, 1, -1]))
+    n = max(n, 1)
+    return [
+        (f"The left image contains {article(c)} {c} {s}.", lambda a, b: a.count(colour=c, shape=s) > 0),
+        (f"The right image contains {article(c)} {c} {s}.", lambda a, b: b.count(colour=c, shape=s) > 0),
+        (f"Both images contain at least one {s}.", lambda a, b: a.count(shape=s) > 0 and b.count(shape=s) > 0),
+        (f"There are exactly {number_word(n)} {plural(s, n)} in total.",
+         lambda a, b: a.count(shape=s) + b.count(shape=s) == n),
+        ("The left image has more shapes than the right image.", lambda a, b: len(a.objects) > len(b.objects)),
+        (f"Exactly one image contains {c} shapes.",
+         lambda a, b: (a.count(colour=c) > 0) != (b.count(colour=c) > 0)),
+        (f"There are more {c} shapes in the right image than in the left image.",
+         lambda a, b: b.count(colour=c) > a.count(colour=c)),
+    ]
+
+
+def nlvr2_statement(rng: np.random.Generator, left: Scene, right: Scene, want: bool) -> tuple[str, bool]:
+    """A statement about the pair; tries for truth value ``want`` (labels ~50/50), returns its truth."""
+    for _ in range(20):
+        stmts = _nlvr2_statements(rng, left, right)
+        text, pred = stmts[int(rng.integers(len(stmts)))]
+        if pred(left, right) == want:
+            return text, want
+    return text, pred(left, right)
+
+
+# ------------------------------------------------------------------ SNLI-VE
+NEUTRAL_TEMPLATES = (
+    "The {x} was drawn by a child.",
+    "The {x} is made of paper.",
+    "Someone is about to move the {x}.",
+    "The {x} is the artist's favourite shape.",
+    "The picture was painted yesterday.",
+    "The {x} belongs to a teacher.",
+)
+
+
+def snli_hypothesis(rng: np.random.Generator, scene: Scene, label: str) -> str:
+    """A hypothesis that the image entails, contradicts, or leaves undecided (``label``)."""
+    objs = scene.objects
+    o = objs[int(rng.integers(len(objs)))]
+    if label == "neutral":
+        return NEUTRAL_TEMPLATES[int(rng.integers(len(NEUTRAL_TEMPLATES)))].format(x=f"{o.colour} {o.shape}")
+    truth = label == "entailment"
+    kind = int(rng.integers(3))
+    if kind == 0:  # existence
+        if truth:
+            return f"There is {article(o.colour)} {o.colour} {o.shape}."
+        absent = [(c, s) for c in COLOURS for s in SHAPES if not scene.count(colour=c, shape=s)]
+        c, s = absent[int(rng.integers(len(absent)))]
+        return f"There is {article(c)} {c} {s}."
+    if kind == 1:  # total count
+        n = len(objs)
+        if not truth:
+            n = n + 1 if (n == 1 or rng.random() < 0.5) else n - 1
+        return f"There {'is' if n == 1 else 'are'} {number_word(n)} {plural('shape', n)} in the picture."
+    if len(objs) >= 2:  # relation
+        i, j = (int(v) for v in rng.choice(len(objs), size=2, replace=False))
+        a, b = objs[i], objs[j]
+        rel = relation(a, b)
+        if not truth:
+            rel = {"to the left of": "to the right of", "to the right of": "to the left of",
+                   "above": "below", "below": "above"}[rel]
+        return f"The {a.colour} {a.shape} is {rel} the {b.colour} {b.shape}."
+    colour = o.colour if truth else [c for c in COLOURS if c != o.colour][int(rng.integers(len(COLOURS) - 1))]
+    return f"The {o.shape} is {colour}."
+
+
+# ------------------------------------------------------------------ RefCOCO+
+def referring_expressions(rng: np.random.Generator, scene: Scene, target: int) -> list[str]:
+    """Appearance-only expressions (RefCOCO+ forbids location words) naming ``target`` uniquely.
+
+    Empty when no appearance words single the object out (same colour, shape and similar size).
+    """
+    objs = scene.objects
+    o = objs[target]
+    same_kind = [p for p in objs if p.colour == o.colour and p.shape == o.shape]
+    exps: list[str] = []
+    if len(same_kind) == 1:
+        exps.append(f"{o.colour} {o.shape}")
+        if scene.count(colour=o.colour) == 1:
+            exps.append(f"{o.colour} one")
+        if scene.count(shape=o.shape) == 1:
+            exps.append(f"the {o.shape}")
+        exps.append(f"the {o.colour} {o.shape}")
+    elif len(same_kind) == 2:
+        other = same_kind[0] if same_kind[1] is o else same_kind[1]
+        if o.area > 1.3 * other.area:
+            exps += [f"bigger {o.colour} {o.shape}", f"large {o.colour} {o.shape}"]
+        elif other.area > 1.3 * o.area:
+            exps += [f"smaller {o.colour} {o.shape}", f"small {o.colour} {o.shape}"]
+    order = rng.permutation(len(exps))
+    k = int(rng.integers(1, 4))
+    return [exps[int(i)] for i in order[:k]]

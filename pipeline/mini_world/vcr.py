@@ -1,0 +1,67 @@
+"""VCR: jsonl per split (question/answers/rationales as token lists mixed with object-index lists),
+images under ``vcr1images/<movie>/`` with a metadata json (boxes, names) beside each image."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.mini_world.task_text import vcr_item
+from pipeline.mini_world.world import World, insert_randomly, split_plan
+
+QUESTIONS_PER_IMAGE = 2
+IMAGES_PER_MOVIE = 5
+
+
+def write_vcr(world: World) -> None:
+    cfg, rng = world.cfg, world.rng("vcr")
+    splits = split_plan(rng, cfg.n_vcr, {"val": 0.15, "test": 0.15}, "train")
+    lines: dict[str, list[bytes]] = {s: [] for s in ("train", "val", "test")}
+    train_images = []
+    for idx, split in enumerate(splits):
+        movie_no = 3000 + idx // IMAGES_PER_MOVIE
+        movie = f"{movie_no}_MINI_MOVIE"
+        folder = f"lsmdc_{movie}"
+        stem = f"{movie}_00.{idx % IMAGES_PER_MOVIE:02d}.00.000-00.{idx % IMAGES_PER_MOVIE:02d}.04.000@0"
+        img_fn, metadata_fn = f"{folder}/{stem}.jpg", f"{folder}/{stem}.json"
+        rec = world.new_image(rng, "vcr", img_fn, f"vcr/vcr1images/{img_fn}", min_objects=2)
+        w, h = rec.scene.size
+        objs = rec.scene.objects
+        world.write_json(f"vcr/vcr1images/{metadata_fn}", {
+            "boxes": [[float(v) for v in o.box] + [1.0] for o in objs], "height": h, "names": [o.shape for o in objs],
+            "segms": [[[[o.box[0], o.box[1]], [o.box[2], o.box[1]], [o.box[2], o.box[3]], [o.box[0], o.box[3]]]]
+                      for o in objs], "width": w})
+        world.use(rec.key, "vcr", split)
+        if split == "train":
+            train_images.append(rec.key)
+        for q in range(QUESTIONS_PER_IMAGE):
+            item = vcr_item(rng, rec.scene)
+            row = {"annot_id": f"{split}-{len(lines[split])}", "answer_choices": item.answers,
+                   "answer_label": item.answer_label, "img_fn": img_fn, "img_id": f"{split}-{idx}",
+                   "metadata_fn": metadata_fn, "movie": movie, "objects": [o.shape for o in objs],
+                   "question": item.question, "question_number": q, "rationale_choices": item.rationales,
+                   "rationale_label": item.rationale_label}
+            if split == "test":  # labels are withheld in the released test file
+                del row["answer_label"], row["rationale_label"]
+            lines[split].append(_line(row))
+    _plant_defects(world, rng, lines, train_images)
+    for split, rows in lines.items():
+        world.write_lines(f"vcr/{split}.jsonl", rows)
+        world.counts[f"vcr_{split}_questions"] = len(rows)
+
+
+def _plant_defects(world: World, rng, lines: dict[str, list[bytes]], train_images: list[str]) -> None:
+    base = json.loads(lines["train"][0])
+    no_answers = _line({k: v for k, v in base.items() if k != "answer_choices"} | {"annot_id": "train-900001"})
+    malformed = _line(base | {"annot_id": "train-900002"})[:-20]
+    extra = [(no_answers, ("missing_field", "no 'answer_choices'")), (malformed, ("malformed_row", "truncated JSON"))]
+    rows = insert_randomly(rng, [(r, None) for r in lines["train"]], extra)
+    for lineno, (_, defect) in enumerate(rows, start=1):
+        if defect:
+            world.defect("vcr", "vcr/train.jsonl", lineno, "line", *defect)
+    lines["train"] = [r for r, _ in rows]
+    carriers = [k for k in train_images if k != f"vcr/{base['img_fn']}"]
+    world.break_image(carriers[int(rng.integers(len(carriers)))], "missing", "vcr")
+
+
+def _line(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True).encode()

@@ -1,0 +1,146 @@
+"""Conceptual Captions (TSV ``caption<TAB>url``) and SBU (parallel url / caption lines), with their
+downloaded images at ``images/<sha1(url)>.jpg``.
+
+Planted: rows at Flickr URLs of eval photos (``flickr_photo_id``), CC rows at spelling variants of
+eval image URLs (``canonical_url``), rows at unrelated URLs whose image is a re-encode of an eval
+image (``near_duplicate``); and line/row/image defects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.mini_world.text import web_caption
+from pipeline.mini_world.urlforms import flickr_url, flickr_variant, sha1_key, url_variant, web_url
+from pipeline.mini_world.world import World, insert_randomly
+
+URL_VARIANTS = ("upper_host", "default_port", "dot_segments", "fragment", "query_order", "percent_encoding")
+
+
+@dataclass
+class Row:
+    caption: bytes
+    url: str
+    defect: tuple[str, str] | None = None  # (reason, detail) of a planted line defect
+    image_key: str | None = None
+
+
+def _eval_pools(world: World, rng: np.random.Generator) -> dict[str, list[str]]:
+    coco, flickr = world.info["coco"], world.info["flickr30k"]
+    ok = lambda k: k not in world.broken and k not in world.reserved  # noqa: E731
+    test = [k for k in coco["keys"] if coco["split"][k] == "test" and ok(k)]
+    fl = [k for k in flickr["keys"] if ok(k)]
+    fl_eval = [k for k in fl if flickr["split"][k.split("/")[1]] in ("val", "test")]
+    shuffle = lambda xs: [xs[int(i)] for i in rng.permutation(len(xs))]  # noqa: E731
+    return {"flickr": shuffle(fl), "coco_test": shuffle(test), "near": shuffle(test + fl_eval)}
+
+
+def _take(world: World, pool: list[str]) -> str:
+    """The next eval image of ``pool`` that no planted overlap uses yet (one plant per eval image)."""
+    used = {t for o in world.overlaps for t in o["targets"]}
+    while pool:
+        key = pool.pop()
+        if key not in used:
+            return key
+    raise RuntimeError("not enough eval images to plant overlaps on; raise the world sizes")
+
+
+def _own(world: World, rng: np.random.Generator, dataset: str, url: str) -> Row:
+    rec = world.new_image(rng, dataset, sha1_key(url), f"{dataset}/images/{sha1_key(url)}.jpg")
+    return Row(web_caption(rng, rec.scene, dataset).encode(), url, image_key=rec.key)
+
+
+def _copy(world: World, rng: np.random.Generator, dataset: str, url: str, src: str, *, reencode: bool) -> Row:
+    png = world.images[src].relpath.endswith(".png")
+    quality = int(rng.integers(60, 86)) if reencode else (95 if png else None)
+    rec = world.copy_image(src, dataset, sha1_key(url), f"{dataset}/images/{sha1_key(url)}.jpg", rng, quality)
+    return Row(web_caption(rng, rec.scene, dataset).encode(), url, image_key=rec.key)
+
+
+def _plant_flickr_and_near(world: World, rng: np.random.Generator, dataset: str, pools: dict, new_url) -> list[Row]:
+    rows = []
+    photos = world.info["flickr30k"]["photos"]
+    for _ in range(world.cfg.n_planted_each):
+        src = _take(world, pools["flickr"])
+        url, desc = flickr_variant(rng, photos[src.split("/")[1]], None)
+        rows.append(_copy(world, rng, dataset, url, src, reencode=False))
+        world.overlap(dataset, sha1_key(url), url, "flickr_photo_id", [src], desc)
+    for _ in range(world.cfg.n_planted_each):
+        src = _take(world, pools["near"])
+        url = new_url()
+        row = _copy(world, rng, dataset, url, src, reencode=True)
+        world.overlap(dataset, sha1_key(url), url, "near_duplicate", [src],
+                      f"re-encode of {src} at an unrelated URL")
+        rows.append(row)
+    return rows
+
+
+def _line_defects(world: World, rng: np.random.Generator, dataset: str, rows: list[Row], new_url) -> list[Row]:
+    """Image defects on own rows (truncated, missing) and the returned extra defective rows."""
+    own = [r for r in rows if r.image_key and r.image_key.split("/")[1] == sha1_key(r.url)
+           and world.images[r.image_key].origin == r.image_key]
+    a, b = (own[int(i)] for i in rng.choice(len(own), size=2, replace=False))
+    world.break_image(a.image_key, "truncated", dataset)
+    world.break_image(b.image_key, "missing", dataset)
+    latin1 = "café crème coloured circle".encode("latin-1")
+    blank = _own(world, rng, dataset, new_url())
+    blank.caption, blank.defect = b"", ("missing_caption", "empty caption")
+    non_utf8 = _own(world, rng, dataset, new_url())
+    non_utf8.caption, non_utf8.defect = latin1, ("non_utf8", "latin-1 bytes in the caption")
+    return [blank, non_utf8]
+
+
+def write_cc(world: World) -> None:
+    cfg, rng = world.cfg, world.rng("cc")
+    pools = _eval_pools(world, rng)
+    new_url = lambda: web_url(rng, with_query=rng.random() < 0.2)  # noqa: E731
+    n_val = max(2, cfg.n_cc // 10)
+    own = [_own(world, rng, "cc", new_url()) for _ in range(cfg.n_cc)]
+    val, train = own[:n_val], own[n_val:]
+    planted = _plant_flickr_and_near(world, rng, "cc", pools, new_url)
+    nlvr2 = list(world.info["nlvr2"]["query_left"])
+    for i in range(cfg.n_planted_each):
+        kind = URL_VARIANTS[i % len(URL_VARIANTS)]
+        if kind == "query_order":
+            src, base = nlvr2.pop(int(rng.integers(len(nlvr2))))
+        else:
+            src = _take(world, pools["coco_test"])
+            base = world.info["coco"]["coco_url"][src]
+        url = url_variant(rng, base, kind)
+        planted.append(_copy(world, rng, "cc", url, src, reencode=False))
+        world.overlap("cc", sha1_key(url), url, "canonical_url", [src], f"{kind} variant of {base}")
+    extra = _line_defects(world, rng, "cc", train, new_url)
+    bad_url = _own(world, rng, "cc", "http//www.mini-web.example/missing-colon.jpg")
+    bad_url.defect = ("bad_url", "URL without '://'")
+    no_tab = Row(b"a caption line without any url", "", ("malformed_row", "no TAB separator"))
+    rows = insert_randomly(rng, train, planted + extra + [bad_url, no_tab])
+    lines = []
+    for lineno, row in enumerate(rows, start=1):
+        lines.append(row.caption + (b"\t" + row.url.encode() if row.url else b""))
+        if row.defect:
+            world.defect("cc", "cc/Train_GCC-training.tsv", lineno, "line", *row.defect)
+    world.write_lines("cc/Train_GCC-training.tsv", lines)
+    world.write_lines("cc/Validation_GCC-1.1.0-Validation.tsv", [r.caption + b"\t" + r.url.encode() for r in val])
+    world.counts["cc_train_rows"], world.counts["cc_val_rows"] = len(lines), len(val)
+
+
+def write_sbu(world: World) -> None:
+    cfg, rng = world.cfg, world.rng("sbu")
+    pools = _eval_pools(world, rng)
+    new_url = lambda: flickr_url(world.photos.new(rng), "static")  # noqa: E731
+    own = [_own(world, rng, "sbu", new_url()) for _ in range(cfg.n_sbu)]
+    planted = _plant_flickr_and_near(world, rng, "sbu", pools, new_url)
+    extra = _line_defects(world, rng, "sbu", own, new_url)
+    bad_url = _own(world, rng, "sbu", "htp:/static.flickr.com/broken link.jpg")
+    bad_url.defect = ("bad_url", "scheme 'htp' and a space in the URL")
+    rows = insert_randomly(rng, own, planted + extra + [bad_url])
+    for lineno, row in enumerate(rows, start=1):
+        if row.defect:
+            fname = "sbu/SBU_captioned_photo_dataset_urls.txt" if row.defect[0] == "bad_url" \
+                else "sbu/SBU_captioned_photo_dataset_captions.txt"
+            world.defect("sbu", fname, lineno, "line", *row.defect)
+    world.write_lines("sbu/SBU_captioned_photo_dataset_urls.txt", [r.url.encode() for r in rows])
+    world.write_lines("sbu/SBU_captioned_photo_dataset_captions.txt", [r.caption for r in rows])
+    world.counts["sbu_rows"] = len(rows)
