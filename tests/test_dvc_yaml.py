@@ -1,0 +1,166 @@
+"""dvc.yaml against the code it runs: every stage exists, its params keys exist, and its code deps
+cover every project module the stage really imports (so editing code reruns the right stages).
+
+Fast: DVC only parses dvc.yaml; nothing is reproduced here (tests/e2e does that).
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.configs.extract import IMAGE_SOURCES
+from pipeline.configs.finetune import TASKS
+from pipeline.configs.ingest import DATASETS
+from pipeline.stages import STAGES
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "model")
+# Plumbing every stage imports that does not change the bytes a stage writes: the params parser
+# (its values are deps key by key), the stage registry and CLI, and run records (only `_run.json`).
+PLUMBING = {
+    "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/config.py", "pipeline/stages.py",
+    "pipeline/runinfo.py", "model/__init__.py",
+}
+PLUMBING_DIRS = ("pipeline/configs/",)
+
+
+@cache
+def dvc_stages() -> dict[str, dict]:
+    """{stage address: {cmd, deps (paths), params (keys), outs}} as DVC itself resolves dvc.yaml."""
+    from dvc.repo import Repo
+
+    out = {}
+    with Repo(str(ROOT)) as repo:
+        for stage in repo.index.stages:
+            deps, params = [], []
+            for dep in stage.deps:
+                if hasattr(dep, "params") and dep.params is not None and dep.def_path.endswith(".yaml"):
+                    params += list(dep.params)
+                else:
+                    deps.append(dep.def_path)
+            out[stage.addressing] = {"cmd": stage.cmd, "deps": deps, "params": params,
+                                     "outs": [o.def_path for o in stage.outs]}
+    return out
+
+
+def expected_stage_names() -> set[str]:
+    return (
+        {"mini_world", "decontaminate", "train_detector", "build_dbs", "pretrain", "pretrain_vcr", "results"}
+        | {f"ingest@{d}" for d in DATASETS}
+        | {f"extract@{s}" for s in IMAGE_SOURCES}
+        | {f"finetune@{t}" for t in TASKS}
+    )
+
+
+def module_file(name: str) -> Path | None:
+    """The project file of a dotted module name, or None when it is not a project module."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names imported anywhere in ``path`` (lazy imports inside functions included)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.rsplit(".", 1)[0] + "._"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level)[0]
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            names.add(mod)
+            # `from pkg import submodule` imports the submodule too
+            names.update(f"{mod}.{alias.name}" for alias in node.names)
+    return names
+
+
+def project_closure(roots: list[str]) -> set[str]:
+    """Repo-relative paths of every project module reachable from ``roots`` by imports."""
+    seen: set[Path] = set()
+    todo = [f for f in (module_file(r) for r in roots) if f is not None]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imported_modules(path):
+            parts = name.split(".")
+            # importing a.b.c runs a/__init__ and a/b/__init__ as well
+            for i in range(1, len(parts) + 1):
+                f = module_file(".".join(parts[:i]))
+                if f is not None and f not in seen:
+                    todo.append(f)
+    return {str(p.relative_to(ROOT)) for p in seen}
+
+
+def stage_roots(address: str) -> list[str]:
+    name, _, item = address.partition("@")
+    roots = [STAGES[name].entry.split(":")[0]]
+    if name == "ingest":
+        roots.append(f"pipeline.sources.{item}")  # pipeline.sources.load_reader imports it by name
+    return roots
+
+
+def test_every_stage_of_the_design_is_declared_with_its_cli_command():
+    stages = dvc_stages()
+    assert set(stages) == expected_stage_names()
+    for address, stage in stages.items():
+        name, _, item = address.partition("@")
+        assert stage["cmd"] == f"python -m pipeline {name}" + (f" {item}" if item else ""), address
+
+
+def test_params_are_listed_key_by_key_and_exist_in_params_yaml():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for address, stage in dvc_stages().items():
+        assert stage["params"], f"{address} lists no params"
+        for key in stage["params"]:
+            node = raw
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, f"{address}: params key {key} is not in params.yaml"
+                node = node[part]
+            # a whole top-level section would rerun the stage for keys it never reads
+            assert "." in key or not isinstance(node, dict), f"{address}: list {key}'s keys, not the section"
+
+
+def test_outputs_do_not_overlap_and_live_under_data():
+    outs = [(o, a) for a, s in dvc_stages().items() for o in s["outs"]]
+    for out, address in outs:
+        assert out.startswith("data/"), f"{address} writes outside data/: {out}"
+    paths = sorted(o for o, _ in outs)
+    for a, b in zip(paths, paths[1:]):
+        assert not b.startswith(a.rstrip("/") + "/") and a != b, f"overlapping outputs {a} and {b}"
+
+
+@pytest.mark.parametrize("address", sorted(expected_stage_names()))
+def test_code_deps_cover_the_modules_the_stage_imports(address):
+    roots = stage_roots(address)
+    if module_file(roots[0]) is None:
+        pytest.skip(f"{roots[0]} is not written yet")
+    stage = dvc_stages()[address]
+    code_deps = [d for d in stage["deps"] if d.split("/")[0] in PACKAGES]
+    for dep in code_deps:
+        assert (ROOT / dep).exists(), f"{address} depends on {dep}, which does not exist"
+    needed = {f for f in project_closure(roots) if f not in PLUMBING and not f.startswith(PLUMBING_DIRS)}
+
+    def covers(dep: str, f: str) -> bool:
+        return f == dep or f.startswith(dep.rstrip("/") + "/")
+
+    missing = sorted(f for f in needed if not any(covers(d, f) for d in code_deps))
+    assert not missing, f"{address} imports {missing} but dvc.yaml does not list them as deps"
+    unused = sorted(d for d in code_deps if not any(covers(d, f) for f in needed))
+    assert not unused, f"{address} lists code deps {unused} that it never imports (needless reruns)"
