@@ -1,0 +1,188 @@
+"""Checkpoints with exact resume, and the consolidated ``model.safetensors`` export.
+
+A checkpoint ``<root>/step_NNNNNNN/`` holds DeepSpeed's engine state (module, ZeRO-partitioned
+optimizer, LR scheduler) plus one ``trainer_state_rankR.pt`` per rank: the step, every task
+stream's position, the Python / NumPy / torch RNG states and the metric accumulators. It counts
+only once ``COMPLETE`` exists, written by rank 0 after every rank finished; a run killed mid-save
+leaves an incomplete directory that resume ignores and the next save replaces.
+
+``fingerprint.json`` records what the checkpoints were trained with (params and inputs). When it
+does not match the current run, the old checkpoints belong to another experiment and are removed
+instead of being resumed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from pipeline.runinfo import atomic_write_bytes, atomic_write_json
+from pipeline.training.launch import DistInfo
+
+log = logging.getLogger(__name__)
+
+_TAG = re.compile(r"^step_(\d{7,})$")
+COMPLETE = "COMPLETE"
+FINGERPRINT = "fingerprint.json"
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG a training step may draw from (dropout uses torch's default generator)."""
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+class Checkpointer:
+    """Saves and finds checkpoints below ``root`` for one training run (all ranks call every method)."""
+
+    def __init__(self, root: Path, *, fingerprint: Mapping[str, Any], keep: int, dist: DistInfo) -> None:
+        if keep < 1:
+            raise ValueError(f"Checkpointer: keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.fingerprint = json.loads(json.dumps(dict(fingerprint), sort_keys=True, default=str))
+        self.keep = keep
+        self.dist = dist
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def complete_steps(self) -> list[int]:
+        """Steps of the complete checkpoints, ascending."""
+        if not self.root.is_dir():
+            return []
+        steps = []
+        for p in self.root.iterdir():
+            m = _TAG.match(p.name)
+            if m and (p / COMPLETE).exists():
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def prepare(self) -> int | None:
+        """Drop checkpoints of a different run; return the step of the newest complete one (or None)."""
+        if self.dist.is_main:
+            fp_file = self.root / FINGERPRINT
+            stale = self.root.is_dir() and any(self.root.iterdir()) and (
+                not fp_file.exists() or json.loads(fp_file.read_text()) != self.fingerprint)
+            if stale:
+                log.warning("checkpoints in %s were trained with other params or inputs: removing them", self.root)
+                shutil.rmtree(self.root)
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(fp_file, self.fingerprint)
+            for p in self.root.iterdir():  # leftovers of a save that was killed
+                if _TAG.match(p.name) and not (p / COMPLETE).exists():
+                    shutil.rmtree(p, ignore_errors=True)
+        _barrier()
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    # -- save / load -----------------------------------------------------------------------
+
+    def save(self, engine, step: int, trainer_state: Mapping[str, Any]) -> Path:
+        """Save the engine and this rank's trainer state as ``step_NNNNNNN``; prune old ones."""
+        tag = tag_for(step)
+        path = self.root / tag
+        if self.dist.is_main and path.exists():
+            shutil.rmtree(path)  # an incomplete save of the same step
+        _barrier()
+        engine.save_checkpoint(str(self.root), tag=tag, client_state={"trainer_step": step})
+        buf = io.BytesIO()
+        torch.save({"world_size": self.dist.world_size, **trainer_state}, buf)
+        atomic_write_bytes(path / f"trainer_state_rank{self.dist.rank}.pt", buf.getvalue())
+        _barrier()
+        if self.dist.is_main:
+            atomic_write_json(path / COMPLETE, {"step": step, "world_size": self.dist.world_size})
+            for old in self.complete_steps()[: -self.keep]:
+                shutil.rmtree(self.root / tag_for(old), ignore_errors=True)
+        _barrier()
+        return path
+
+    def load(self, engine, step: int) -> dict[str, Any]:
+        """Restore the engine from checkpoint ``step``; return this rank's trainer state.
+
+        Raises ValueError when the checkpoint was written by a different number of ranks (each rank's
+        data position is its own, so it cannot be carried over to another world size).
+        """
+        path = self.root / tag_for(step)
+        done = json.loads((path / COMPLETE).read_text())
+        if done["world_size"] != self.dist.world_size:
+            raise ValueError(f"{path}: written by {done['world_size']} rank(s), this run has "
+                             f"{self.dist.world_size}; remove {self.root} to start over")
+        load_path, client = engine.load_checkpoint(str(self.root), tag=tag_for(step), load_optimizer_states=True,
+                                                   load_lr_scheduler_states=True)
+        if load_path is None or client.get("trainer_step") != step:
+            raise RuntimeError(f"{path}: DeepSpeed could not load this checkpoint")
+        state_file = path / f"trainer_state_rank{self.dist.rank}.pt"
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if state.get("step") != step:
+            raise RuntimeError(f"{state_file}: holds step {state.get('step')}, expected {step}")
+        return state
+
+
+def consolidated_state_dict(engine, checkpoint_root: Path, step: int, zero_stage: int) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict of ``engine.module`` (call on rank 0, after the final save).
+
+    Under ZeRO 1-3 the fp32 master weights live partitioned in the optimizer states, so they are
+    merged from the saved checkpoint with DeepSpeed's ``zero_to_fp32``; without ZeRO the module
+    holds them. Buffers and tied parameters come from the module's own state dict, so the keys are
+    exactly ``engine.module.state_dict()``'s.
+    """
+    module_state = engine.module.state_dict()
+    if zero_stage == 0:
+        merged = {}
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        merged = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag_for(step))
+    out = {}
+    for key, value in module_state.items():
+        tensor = merged.get(key, value)
+        out[key] = tensor.detach().to("cpu", torch.float32 if tensor.is_floating_point() else tensor.dtype)
+    # tied weights: make the copies point at the merged master of the parameter they share
+    names_by_ptr: dict[int, list[str]] = {}
+    for name, p in engine.module.named_parameters(remove_duplicate=False):
+        names_by_ptr.setdefault(p.data_ptr(), []).append(name)
+    for names in names_by_ptr.values():
+        source = next((n for n in names if n in merged), None)
+        if source is not None:
+            for n in names:
+                if n in out:
+                    out[n] = out[source]
+    return out
+
+
+def save_safetensors(state: Mapping[str, torch.Tensor], path: Path, metadata: Mapping[str, str] | None = None) -> None:
+    """Write a plain safetensors file (keys sorted, shared tensors copied) atomically."""
+    from safetensors.torch import save
+
+    tensors = {k: state[k].contiguous().clone() for k in sorted(state)}
+    atomic_write_bytes(path, save(tensors, metadata=dict(metadata or {})))

@@ -1,0 +1,160 @@
+"""The DeepSpeed engine: config from params, optimizer and schedule, ``deepspeed.initialize``.
+
+Every path (GPU and CPU, one process or many) trains through a real DeepSpeed engine. The optimizer
+is a torch AdamW handed to DeepSpeed as a client optimizer: DeepSpeed's own fused Adam would need a
+JIT-compiled op, torch's needs none (and is fused on CUDA by itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["fp32", "bf16"]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine needs from params, already resolved for this machine."""
+
+    device: torch.device
+    precision: Precision
+    world_size: int
+    zero_stage: int
+    grad_accum: int
+    grad_clip: float
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps: int
+    total_steps: int
+
+
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    """``auto`` -> this rank's GPU when CUDA is available, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("pretrain.device=cuda but torch sees no CUDA device")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_precision(precision: str, device: torch.device) -> Precision:
+    """``auto`` -> bf16 on GPU, fp32 on CPU (bf16 matmuls on a CPU without AMX are slow)."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision  # type: ignore[return-value]
+
+
+def deepspeed_config(s: EngineSettings) -> dict[str, Any]:
+    """The DeepSpeed config dict.
+
+    Batches are bounded by tokens (TokenBucketSampler), so one DeepSpeed "micro batch" is one
+    token bucket: ``train_micro_batch_size_per_gpu`` is 1 and the token budget lives in the sampler.
+    """
+    zero: dict[str, Any] = {"stage": s.zero_stage}
+    if s.zero_stage >= 1:
+        zero.update(contiguous_gradients=True, overlap_comm=s.device.type == "cuda",
+                    reduce_bucket_size=50_000_000, allgather_bucket_size=50_000_000)
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": s.grad_accum,
+        "train_batch_size": s.grad_accum * s.world_size,
+        "gradient_clipping": s.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": s.precision == "bf16"},
+        "fp16": {"enabled": False},
+        # a client torch optimizer is fine under ZeRO: its state is partitioned like any other
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices, never biases or LayerNorm weights (BERT's convention)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_linear_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: linear warmup 0 -> 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps``.
+
+    The scheduler is stepped after each optimizer step, so step ``k`` (0-based) trains at
+    ``lambda(k)``: the first step runs at ``1 / warmup_steps`` of the peak, not 0.
+    """
+    warmup = max(0, warmup_steps)
+    total = max(total_steps, warmup + 1)
+
+    def multiplier(k: int) -> float:
+        if k < warmup:
+            return (k + 1) / warmup
+        return max(0.0, (total - k) / max(1, total - warmup))
+
+    return multiplier
+
+
+def _skip_cpu_shm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its shared-memory comm op on CPU.
+
+    DeepSpeed's torch comm backend builds ``deepspeed_shm_comm`` whenever it starts on the CPU
+    accelerator (~70 s with a cold cache). Training never uses it: only ``inference_all_reduce``
+    does. DeepSpeed reads op availability from ``deepspeed.ops.__compatible_ops__`` (a dict it
+    caches and documents as editable), so marking the op unavailable makes it fall back to gloo.
+    """
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def initialize(model: torch.nn.Module, s: EngineSettings):
+    """``deepspeed.initialize`` with a torch AdamW and a warmup + linear decay LambdaLR.
+
+    The process group must already exist (``launch.init_process_group``). Returns the engine;
+    ``engine.module`` is ``model`` moved to ``s.device`` (and cast to bf16 when ``s.precision`` is bf16).
+    """
+    import deepspeed
+
+    if s.device.type == "cpu":
+        _skip_cpu_shm_op()
+    model = model.to(s.device)
+    fused = s.device.type == "cuda"
+    optimizer = torch.optim.AdamW(param_groups(model, s.weight_decay), lr=s.lr, betas=tuple(s.betas),
+                                  eps=1e-6, fused=fused)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(s.warmup_steps, s.total_steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(s), dist_init_required=False)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("deepspeed engine: %s, %s, ZeRO-%d, %d rank(s), grad accum %d, %.1fM parameters",
+             s.device, s.precision, s.zero_stage, s.world_size, s.grad_accum, n_params / 1e6)
+    return engine
+
+
+def current_lr(engine) -> float:
+    """The learning rate the next optimizer step will use (first param group)."""
+    lrs = engine.get_lr()
+    return float(lrs[0]) if lrs else math.nan
+
+
+def cast_batch(batch: dict[str, Any], device: torch.device, precision: Precision) -> dict[str, Any]:
+    """Move a batch's tensors to ``device``; floating tensors become bf16 when the engine is bf16."""
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device, non_blocking=True)
+            if precision == "bf16" and value.is_floating_point():
+                value = value.to(torch.bfloat16)
+        out[key] = value
+    return out

@@ -1,0 +1,144 @@
+"""The step loop: one task per optimizer step, logging, validation, checkpoints, resume.
+
+Generic over the model: ``engine(batch, task)`` must return an object with ``loss`` (scalar
+tensor) and ``metrics`` (dict of floats, with ``n_tokens`` / ``n_regions`` / ``n_pairs`` counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from tqdm import tqdm
+
+from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
+from pipeline.training.engine import Precision, cast_batch, current_lr
+from pipeline.training.launch import DistInfo
+from pipeline.training.metrics import MetricsLogger, RunningMeans, evaluate
+from pipeline.training.streams import BatchStream
+from pipeline.training.task_mix import TaskSchedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    total_steps: int
+    grad_accum: int
+    log_every: int
+    val_every: int  # 0: only at the end
+    checkpoint_every: int  # 0: only at the end
+    device: torch.device
+    precision: Precision
+    desc: str = "pretrain"
+
+
+@dataclass
+class LoopResult:
+    start_step: int  # the step training resumed from (0 for a fresh run)
+    final_step: int
+    last_val: dict[str, float]
+    last_train: dict[str, float]
+
+
+def batch_units(batch: Mapping[str, Any]) -> int:
+    """Real input units of a batch (text tokens + regions): what the token budget and tokens/s count."""
+    n = 0
+    for key in ("txt_mask", "img_mask"):
+        if key in batch:
+            n += int(batch[key].sum())
+    if n == 0 and "input_ids" in batch:
+        n = int(batch["input_ids"].numel())
+    return n
+
+
+def _sum_over_ranks(value: float) -> float:
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _due(step: int, every: int, total: int) -> bool:
+    return step == total or (every > 0 and step % every == 0)
+
+
+def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream], checkpointer: Checkpointer,
+          logger: MetricsLogger, val_batches: Mapping[str, Sequence[dict[str, Any]]], dist: DistInfo,
+          settings: LoopSettings, resume_step: int | None) -> LoopResult:
+    """Train ``engine`` up to ``settings.total_steps`` optimizer steps, resuming from ``resume_step``.
+
+    Every rank calls this with its own streams and val batches. Logs per-task running means every
+    ``log_every`` steps, validates every ``val_every``, checkpoints every ``checkpoint_every`` and
+    at the end. A resumed run reproduces the steps an uninterrupted run would have taken exactly
+    (same batches, same dropout, same optimizer state) on CPU.
+    """
+    s = settings
+    missing = set(schedule.tasks) - set(streams)
+    if missing:
+        raise ValueError(f"no batch stream for scheduled task(s) {sorted(missing)}")
+    means = RunningMeans()
+    start = 0
+    if resume_step is not None:
+        state = checkpointer.load(engine, resume_step)
+        for task, stream_state in state["streams"].items():
+            if task in streams:
+                streams[task].load_state_dict(stream_state)
+        means.load_state_dict(state["means"])
+        restore_rng(state["rng"])
+        start = resume_step
+        log.info("resumed from step %d", start)
+
+    def prepare(batch: dict[str, Any]) -> dict[str, Any]:
+        return cast_batch(batch, s.device, s.precision)
+
+    last_val: dict[str, float] = {}
+    last_train: dict[str, float] = {}
+    engine.train()
+    bar = tqdm(total=s.total_steps, initial=start, desc=s.desc, disable=not dist.is_main, mininterval=2.0,
+               dynamic_ncols=True, unit="step")
+    interval_tokens, interval_start = 0, time.perf_counter()
+    for step in range(start + 1, s.total_steps + 1):
+        task = schedule.task_at(step)
+        lr = current_lr(engine)
+        for _ in range(s.grad_accum):
+            batch = streams[task].next_batch()
+            interval_tokens += batch_units(batch)
+            out = engine(prepare(batch), task)
+            engine.backward(out.loss)
+            engine.step()
+            loss = float(out.loss.detach())
+            means.add(f"train/{task}", loss, out.metrics)
+            means.add_value("train/loss", loss)
+        bar.update(1)
+
+        if _due(step, s.log_every, s.total_steps):
+            elapsed = time.perf_counter() - interval_start
+            tokens = _sum_over_ranks(float(interval_tokens))
+            last_train = means.reduce()
+            last_train["train/tokens_per_s"] = tokens / max(elapsed, 1e-9)
+            last_train["train/lr"] = lr
+            logger.log(step, last_train)
+            means.clear()
+            bar.set_postfix(loss=f"{last_train.get('train/loss', float('nan')):.3f}", task=task, refresh=False)
+            interval_tokens = 0
+        paused = time.perf_counter()
+        if s.val_every >= 0 and val_batches and _due(step, s.val_every, s.total_steps):
+            last_val = evaluate(engine, val_batches, prepare=prepare, module=engine.module)
+            logger.log(step, last_val)
+        if _due(step, s.checkpoint_every, s.total_steps):
+            checkpointer.save(engine, step, {
+                "step": step,
+                "streams": {t: st.state_dict() for t, st in streams.items()},
+                "means": means.state_dict(),
+                "rng": capture_rng(),
+            })
+        interval_start += time.perf_counter() - paused  # validation and saving are not training time
+    bar.close()
+    return LoopResult(start_step=start, final_step=s.total_steps, last_val=last_val, last_train=last_train)

@@ -1,0 +1,36 @@
+import math
+
+import pytest
+
+from pipeline.training.task_mix import TaskSchedule
+
+
+def test_frequencies_follow_mix_ratio_and_zero_ratios_never_run():
+    mix = {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
+    sched = TaskSchedule(mix, seed=1234)
+    assert sched.tasks == ("itm", "mlm", "mrc_kl", "mrfr")
+    n = 6000
+    counts = sched.counts(n)
+    assert "mrc" not in counts and sum(counts.values()) == n
+    for task, count in counts.items():
+        p = mix[task] / 6.0
+        sd = math.sqrt(n * p * (1 - p))
+        assert abs(count - n * p) < 4 * sd, (task, count, n * p)
+
+
+def test_schedule_is_a_function_of_seed_and_step_only():
+    a = TaskSchedule({"mlm": 1.0, "itm": 1.0}, seed=7)
+    b = TaskSchedule({"itm": 1.0, "mlm": 1.0}, seed=7)  # key order does not matter
+    assert a.tasks_for(1, 200) == b.tasks_for(1, 200)
+    # resuming at step 101 sees the same tasks as the uninterrupted run
+    assert [a.task_at(s) for s in range(101, 201)] == a.tasks_for(1, 200)[100:]
+    assert TaskSchedule({"mlm": 1.0, "itm": 1.0}, seed=8).tasks_for(1, 200) != a.tasks_for(1, 200)
+
+
+def test_bad_ratios_are_rejected():
+    with pytest.raises(ValueError, match="at least one task"):
+        TaskSchedule({"mlm": 0.0}, seed=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        TaskSchedule({"mlm": -1.0, "itm": 1.0}, seed=0)
+    with pytest.raises(ValueError, match="from 1"):
+        TaskSchedule({"mlm": 1.0}, seed=0).task_at(0)
