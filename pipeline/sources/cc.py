@@ -1,0 +1,67 @@
+"""Conceptual Captions: ``Train_GCC-training.tsv`` / ``Validation_GCC-1.1.0-Validation.tsv``.
+
+Format: one ``caption<TAB>url`` pair per line, no header, no quoting (captions may contain quote
+characters). The 3.3M-line training file is streamed line by line as bytes, so a line that is not
+UTF-8 is rejected on its own (``non_utf8``) and memory stays constant. Images are the downloaded
+copies named by the SHA-1 of the URL (img2dataset-style): ``<image_root>/<sha1(url)>.jpg``.
+The URL is the pair's identity: a URL seen again is a ``duplicate_id`` (the first line wins).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.sources.records import (
+    MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines,
+)
+
+DATASET = "cc"
+IMAGE_SOURCE = "cc"
+COLUMNS = ()  # the core columns only
+IMAGES_REPEAT = False  # one image per URL: no point caching image checks
+
+
+def url_key(url: str) -> str:
+    """The image id of a URL: sha1 of its UTF-8 bytes, hex (also the downloaded file's stem)."""
+    return hashlib.sha1(url.encode("utf-8")).hexdigest()
+
+
+def input_files(sources) -> dict[str, Path]:
+    return {"train_tsv": sources.cc.train_tsv, "val_tsv": sources.cc.val_tsv}
+
+
+def read(ctx: ReadContext) -> Iterator[Row | Reject]:
+    """Every line of the train then the val TSV, as a Row or a Reject (one per line)."""
+    src = ctx.sources.cc
+    for split, path in (("train", src.train_tsv), ("val", src.val_tsv)):
+        yield from read_tsv(Path(path), split, Path(src.image_root), ctx)
+
+
+def read_tsv(path: Path, split: str, image_root: Path, ctx: ReadContext) -> Iterator[Row | Reject]:
+    """One CC TSV file: yields a Row or a Reject for each line (locator ``line N``, 1-based)."""
+    source, root = str(path), str(image_root)
+    check_text = ctx.check_text
+    for lineno, line in iter_lines(path, ctx, f"cc {split}"):
+        text = decode_line(line)
+        if text is None:
+            yield Reject(NON_UTF8, "line is not valid UTF-8", line, source, f"line {lineno}")
+            continue
+        fields = text.split("\t")
+        if len(fields) != 2:
+            detail = f"expected 2 tab-separated fields (caption, url), got {len(fields)}"
+            yield Reject(MALFORMED_ROW, detail, line, source, f"line {lineno}")
+            continue
+        caption, url = fields[0].strip(), fields[1].strip()
+        problem = check_text(caption, "caption") or check_url(url, "url")
+        if problem:
+            yield Reject(problem[0], problem[1], line, source, f"line {lineno}")
+            continue
+        digest = url_key(url)
+        image_path = f"{root}/{digest}.jpg"
+        values = {
+            "example_id": f"cc:{digest}", "split": split, "image_source": IMAGE_SOURCE, "image_id": digest,
+            "image_path": image_path, "url": url, "text": caption,
+        }
+        yield Row(values, line, source, f"line {lineno}", (image_path,), key=int(digest[:16], 16))
