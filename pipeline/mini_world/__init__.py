@@ -8,12 +8,15 @@ scene graph). Same params and seed => byte-identical tree.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from tqdm import tqdm
 
+from pipeline.configs.decontaminate import DEFAULT_EVAL_SPLITS
+from pipeline.configs.world import MiniWorldConfig
 from pipeline.runinfo import RunRecord, atomic_dir, tree_digest
 from pipeline.mini_world.coco import write_coco
 from pipeline.mini_world.flickr30k import write_flickr30k, write_snli_ve
@@ -40,8 +43,26 @@ WRITERS: tuple[tuple[str, Callable[[World], None]], ...] = (
 )
 
 
-def generate(cfg, seed: int, out_dir: Path, eval_splits, *, progress: bool = True) -> World:
-    """Write a whole world into ``out_dir`` (replaced atomically). Returns the finished World."""
+# The smallest world that still plants every overlap kind and URL variant (tests of every stage).
+SMALL_SIZES = dict(n_coco=120, n_vg_only=20, n_flickr30k=50, n_cc=40, n_sbu=30, n_vcr=20, n_nlvr2_pairs=30,
+                   n_vqa_test=8, n_refcoco_images=30, n_planted_each=6, vqa_questions_per_image=2)
+
+
+def small_config(out_dir: Path | str, **overrides: Any) -> MiniWorldConfig:
+    """A MiniWorldConfig of ~350 images (a few seconds to generate) for tests."""
+    return dataclasses.replace(MiniWorldConfig(), out_dir=Path(out_dir), **(SMALL_SIZES | overrides))
+
+
+def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,
+             eval_splits: Mapping[str, tuple[str, ...]] | None = None, *, progress: bool = True) -> World:
+    """Write a whole world into ``out_dir`` (default ``cfg.out_dir``, replaced atomically); return it.
+
+    ``eval_splits`` ({dataset: splits}) decides which uses of an image make it an eval image in
+    planted.json's ``matches``; default: the decontaminate section's defaults.
+    """
+    out_dir = Path(cfg.out_dir if out_dir is None else out_dir)
+    if eval_splits is None:
+        eval_splits = DEFAULT_EVAL_SPLITS
     with atomic_dir(out_dir) as tmp:
         world = World(cfg, seed, tmp, eval_splits)
         bar = tqdm(WRITERS, desc="mini_world", unit="dataset", disable=not progress)

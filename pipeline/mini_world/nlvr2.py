@@ -24,7 +24,9 @@ def write_nlvr2(world: World) -> None:
             stem = f"{fsplit}-{set_id}-0-img{side}"
             recs.append(world.new_image(rng, "nlvr2", stem, f"nlvr2/images/{fsplit}/{stem}.png", fmt="PNG"))
             world.use(recs[-1].key, "nlvr2", FILE_SPLIT[fsplit])
-        urls = [web_url(rng, with_query=rng.random() < 0.5) for _ in (0, 1)]
+        # at least one eval pair has a left URL with a query (CC plants a reordered-query variant of it)
+        force = FILE_SPLIT[fsplit] != "train" and not query_left
+        urls = [web_url(rng, with_query=bool(rng.random() < 0.5) or (force and side == 0)) for side in (0, 1)]
         if "?" in urls[0] and FILE_SPLIT[fsplit] != "train":
             query_left.append((recs[0].key, urls[0]))
         for k in range(STATEMENTS_PER_PAIR):

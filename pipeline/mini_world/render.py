@@ -21,28 +21,35 @@ from pipeline.mini_world.scenes import COLOURS, Obj, Scene
 MIN_DISTINCT_PHASH = 14
 
 
+def _desaturate(rgb: np.ndarray, keep: float = 0.55) -> np.ndarray:
+    """Pull colours towards their grey value so that saturated shapes stand out."""
+    grey = rgb.mean(axis=-1, keepdims=True)
+    return grey + (rgb - grey) * keep
+
+
 def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
-    """A float32 [h, w, 3] muted background: blobs + gradient + texture + noise."""
+    """A float32 [h, w, 3] muted background: colour blobs + gradient + grey texture + grey noise.
+
+    Gradient and texture are built from 1-D profiles (outer sums/products) and colours are muted
+    before upsampling: thousands of images must render in seconds.
+    """
     grid = int(rng.integers(3, 6))
-    coarse = rng.uniform(60, 215, size=(grid, grid, 3)).astype(np.float32)
-    small = Image.fromarray(coarse.astype(np.uint8), "RGB").resize((w, h), Image.BICUBIC)
-    img = np.asarray(small, dtype=np.float32)
-    # gradient in a random direction
+    coarse = _desaturate(rng.uniform(60, 215, size=(grid, grid, 3))).astype(np.uint8)
+    img = np.asarray(Image.fromarray(coarse, "RGB").resize((w, h), Image.BICUBIC), dtype=np.float32)
+    x = np.arange(w, dtype=np.float32)
+    y = np.arange(h, dtype=np.float32)
     angle = rng.uniform(0, 2 * math.pi)
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    ramp = (np.cos(angle) * xx / w + np.sin(angle) * yy / h)
-    img += (ramp[..., None] * rng.uniform(-50, 50, size=3)).astype(np.float32)
-    # texture: stripes or checks at a random period and phase
-    period = rng.uniform(6, 18)
+    ramp = np.cos(angle) * x[None, :] / w + np.sin(angle) * y[:, None] / h
+    img += ramp[..., None] * _desaturate(rng.uniform(-50, 50, size=3)).astype(np.float32)
+    # texture: oriented stripes (sin(a+b) = sin a cos b + cos a sin b) or checks, random period
+    k = np.float32(2 * math.pi / rng.uniform(6, 18))
     if rng.random() < 0.5:
-        tex = np.sin(2 * math.pi * (xx * np.cos(angle) + yy * np.sin(angle)) / period)
+        ax, by = k * np.cos(angle) * x, k * np.sin(angle) * y
+        tex = np.cos(by)[:, None] * np.sin(ax)[None, :] + np.sin(by)[:, None] * np.cos(ax)[None, :]
     else:
-        tex = np.sign(np.sin(2 * math.pi * xx / period) * np.sin(2 * math.pi * yy / period))
-    img += (tex * rng.uniform(3, 10))[..., None]
-    img += rng.normal(0, 5, size=img.shape).astype(np.float32)
-    # desaturate towards grey so saturated shapes stand out
-    grey = img.mean(axis=2, keepdims=True)
-    img = grey + (img - grey) * 0.55
+        tex = np.sign(np.sin(k * y)[:, None] * np.sin(k * x)[None, :])
+    grain = tex * np.float32(rng.uniform(3, 10)) + rng.integers(-7, 8, size=(h, w), dtype=np.int8)
+    img += grain[..., None]
     return np.clip(img, 0, 255)
 
 
@@ -101,7 +108,7 @@ def encode(img: Image.Image, fmt: str = "JPEG", quality: int = 90) -> bytes:
     if fmt == "JPEG":
         img.save(buf, format="JPEG", quality=quality, optimize=False, progressive=False, subsampling=2)
     else:
-        img.save(buf, format="PNG", optimize=False, compress_level=6)
+        img.save(buf, format="PNG", optimize=False, compress_level=1)
     return buf.getvalue()
 
 
@@ -115,18 +122,23 @@ class PhashRegistry:
 
     def __init__(self, min_distance: int = MIN_DISTINCT_PHASH) -> None:
         self.min_distance = min_distance
-        self._hashes: list[np.ndarray] = []
-        self._matrix = np.zeros((0, 64), dtype=bool)
+        self._matrix = np.zeros((256, 64), dtype=bool)  # grows by doubling
+        self.n = 0
+
+    @property
+    def hashes(self) -> np.ndarray:
+        return self._matrix[: self.n]
 
     def min_distance_to(self, bits: np.ndarray) -> int:
-        if not self._hashes:
+        if not self.n:
             return 64
-        if len(self._matrix) != len(self._hashes):
-            self._matrix = np.stack(self._hashes)
-        return int((self._matrix != bits).sum(axis=1).min())
+        return int((self.hashes != bits).sum(axis=1).min())
 
     def add(self, bits: np.ndarray) -> None:
-        self._hashes.append(bits)
+        if self.n == len(self._matrix):
+            self._matrix = np.concatenate([self._matrix, np.zeros_like(self._matrix)])
+        self._matrix[self.n] = bits
+        self.n += 1
 
     def render_distinct(self, scene: Scene, fmt: str = "JPEG", quality: int = 90) -> tuple[bytes, int]:
         """Render ``scene`` (redrawing the background until far from all others) -> (bytes, attempt)."""

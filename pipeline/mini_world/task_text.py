@@ -67,10 +67,12 @@ def vqa_question(rng: np.random.Generator, scene: Scene) -> VqaItem:
 
 
 def vqa_answers(rng: np.random.Generator, item: VqaItem) -> list[str]:
-    """Ten annotator answers: mostly the true one, a few plausible disagreements."""
-    p_right = float(rng.choice([1.0, 0.9, 0.8, 0.7]))
-    return [item.answer if rng.random() < p_right else item.wrong[int(rng.integers(len(item.wrong)))]
-            for _ in range(10)]
+    """Ten annotator answers: at least six give the true one, up to four a plausible wrong one."""
+    n_wrong = int(rng.choice([0, 0, 0, 0, 1, 1, 1, 2, 3, 4]))
+    answers = [item.answer] * 10
+    for pos in rng.choice(10, size=n_wrong, replace=False):
+        answers[int(pos)] = item.wrong[int(rng.integers(len(item.wrong)))]
+    return answers
 
 
 # ------------------------------------------------------------------ VCR
@@ -128,7 +130,7 @@ def _nlvr2_statements(rng: np.random.Generator, left: Scene, right: Scene) -> li
         (f"The left image contains {article(c)} {c} {s}.", lambda a, b: a.count(colour=c, shape=s) > 0),
         (f"The right image contains {article(c)} {c} {s}.", lambda a, b: b.count(colour=c, shape=s) > 0),
         (f"Both images contain at least one {s}.", lambda a, b: a.count(shape=s) > 0 and b.count(shape=s) > 0),
-        (f"There are exactly {number_word(n)} {plural(s, n)} in total.",
+        (f"There {'is' if n == 1 else 'are'} exactly {number_word(n)} {plural(s, n)} in total.",
          lambda a, b: a.count(shape=s) + b.count(shape=s) == n),
         ("The left image has more shapes than the right image.", lambda a, b: len(a.objects) > len(b.objects)),
         (f"Exactly one image contains {c} shapes.",

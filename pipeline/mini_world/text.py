@@ -63,8 +63,14 @@ def grouped_list(scene: Scene) -> str:
 
 def shape_counts(scene: Scene) -> str:
     groups = Counter(o.shape for o in scene.objects)
-    parts = [f"{number_word(n)} {plural(s, n)}" for s, n in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))]
+    parts = [f"{article(s) if n == 1 else number_word(n)} {plural(s, n)}"
+             for s, n in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def there_be(phrase: str) -> str:
+    """"there is a circle and two stars" / "there are two stars and a circle" (agrees with the first item)."""
+    return f"there {'is' if phrase.split()[0] in ('a', 'an') else 'are'} {phrase}"
 
 
 def relation_phrase(rng: np.random.Generator, scene: Scene) -> str | None:
@@ -84,7 +90,7 @@ def coco_captions(rng: np.random.Generator, scene: Scene, k: int) -> list[str]:
         lambda: grouped_list(scene),
         lambda: f"{number_word(n)} {plural('shape', n)} on a {bg} background" if n > 1
         else f"a single {scene.objects[0].colour} {scene.objects[0].shape} on a {bg} background",
-        lambda: f"there {'is' if n == 1 else 'are'} {shape_counts(scene)} in the picture",
+        lambda: f"{there_be(shape_counts(scene))} in the picture",
         lambda: relation_phrase(rng, scene) or f"{noun_phrase(scene.objects[0], scene, with_size=True)} alone",
         lambda: f"a picture of {grouped_list(scene)}",
         lambda: f"{noun_phrase(scene.objects[int(rng.integers(n))], scene, with_size=True)} among "

@@ -34,7 +34,11 @@ def _eval_pools(world: World, rng: np.random.Generator) -> dict[str, list[str]]:
     fl = [k for k in flickr["keys"] if ok(k)]
     fl_eval = [k for k in fl if flickr["split"][k.split("/")[1]] in ("val", "test")]
     shuffle = lambda xs: [xs[int(i)] for i in rng.permutation(len(xs))]  # noqa: E731
-    return {"flickr": shuffle(fl), "coco_test": shuffle(test), "near": shuffle(test + fl_eval)}
+    fl_train = [k for k in fl if k not in fl_eval]
+    # pools are popped from the end: Flickr-URL plants take train photos first, leaving the
+    # val/test photos to the near-duplicate plants (every Flickr30k image is an eval image)
+    return {"flickr": shuffle(fl_eval) + shuffle(fl_train), "coco_test": shuffle(test),
+            "near": shuffle(test + fl_eval)}
 
 
 def _take(world: World, pool: list[str]) -> str:
@@ -99,7 +103,7 @@ def write_cc(world: World) -> None:
     n_val = max(2, cfg.n_cc // 10)
     own = [_own(world, rng, "cc", new_url()) for _ in range(cfg.n_cc)]
     val, train = own[:n_val], own[n_val:]
-    planted = _plant_flickr_and_near(world, rng, "cc", pools, new_url)
+    planted = []
     nlvr2 = list(world.info["nlvr2"]["query_left"])
     for i in range(cfg.n_planted_each):
         kind = URL_VARIANTS[i % len(URL_VARIANTS)]
@@ -111,6 +115,7 @@ def write_cc(world: World) -> None:
         url = url_variant(rng, base, kind)
         planted.append(_copy(world, rng, "cc", url, src, reencode=False))
         world.overlap("cc", sha1_key(url), url, "canonical_url", [src], f"{kind} variant of {base}")
+    planted += _plant_flickr_and_near(world, rng, "cc", pools, new_url)
     extra = _line_defects(world, rng, "cc", train, new_url)
     bad_url = _own(world, rng, "cc", "http//www.mini-web.example/missing-colon.jpg")
     bad_url.defect = ("bad_url", "URL without '://'")
