@@ -21,6 +21,13 @@ DEFAULT_EVAL_SPLITS: dict[str, tuple[str, ...]] = {
 class DecontaminateConfig:
     eval_splits: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_EVAL_SPLITS))
     pretrain_datasets: tuple[str, ...] = ("coco", "vg", "cc", "sbu")
+    # pHash near-duplicate search (reason `near_duplicate`) over every image on disk
     near_duplicates: bool = True
+    # largest Hamming distance (bits of the 64-bit pHash, 0..32) counted as the same image
     phash_max_distance: int = 4
+    # processes hashing images (hashes are cached in <data>/cache/phash.parquet)
+    workers: int = 2
+    # VG images whose coco_id is a pretraining-val (Karpathy val) COCO image go to VG val, as in UNITER
+    vg_val_from_coco: bool = True
+    # removed images shown with thumbnails in each HTML/Markdown report
     report_samples: int = 24

@@ -1,0 +1,307 @@
+"""Stage ``decontaminate``: remove every downstream eval image from the pretraining manifests.
+
+Reads ``<data>/manifests/<dataset>.parquet`` (+ ``.rejects.parquet``) of every dataset, builds the
+eval set (:mod:`pipeline.eval_set`) and removes, per image, every pretraining image that is an eval
+image by any identity key or, optionally, by perceptual hash (:mod:`pipeline.phash`). Writes
+(docs/contracts.md §3-§4, DESIGN.md §4):
+
+- ``<data>/clean/<dataset>.parquet``: the kept rows, ``split`` in train|val, sorted by example_id
+- ``<data>/clean/_run.json``
+- ``<data>/reports/cleaning/<dataset>.{json,md,html}`` + chart, ``summary.json`` (DVC metrics)
+
+A removed image loses all its rows; its reason is the first that applies in REASONS order, and
+``matched_eval`` lists every eval ref that any key matched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.eval_set import (
+    IMAGE_COLUMNS,
+    EvalIndex,
+    string_columns,
+    identity_keys,
+    image_key_array,
+    manifest_path,
+    read_eval_images,
+    read_manifest,
+)
+from pipeline.phash import PhashCache, near_duplicate_pairs
+from pipeline.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.runinfo import RunRecord, atomic_dir
+
+log = logging.getLogger(__name__)
+
+REASONS = REMOVAL_REASONS  # priority order
+KIND_REASON = {"image": "eval_split", "coco_id": "coco_id", "flickr": "flickr_photo_id", "url": "canonical_url"}
+# manifest split -> pretraining split; Karpathy test only survives when it is not an eval split
+SPLIT_MAP = {"train": "train", "restval": "train", "val": "val", "test": "val"}
+
+
+@dataclass
+class ImageMatch:
+    """What one pretraining image matched: reasons that apply and every eval ref matched."""
+
+    reasons: set[str] = field(default_factory=set)
+    refs: set[str] = field(default_factory=set)
+
+    @property
+    def reason(self) -> str:
+        return min(self.reasons, key=REASONS.index)
+
+
+@dataclass
+class DatasetResult:
+    """Outcome for one pretraining dataset: clean table, JSON report, report samples."""
+
+    clean: pa.Table
+    report: dict
+    samples: list[dict]
+
+
+def distinct_images(table: pa.Table) -> pa.Table:
+    """Distinct combinations of the identity columns (IMAGE_COLUMNS, strings) of a manifest."""
+    cols = string_columns(table, IMAGE_COLUMNS)
+    return cols.group_by(list(IMAGE_COLUMNS), use_threads=False).aggregate([])
+
+
+def find_key_matches(images: pa.Table, index: EvalIndex) -> dict[str, ImageMatch]:
+    """Image key -> ImageMatch for every image (row of ``images``) with an identity key in ``index``."""
+    matches: dict[str, ImageMatch] = defaultdict(ImageMatch)
+    image_keys = image_key_array(images)
+    for kind, arrays in identity_keys(images, eval_side=False).items():
+        lookup = index.keys[kind]
+        for arr in arrays:
+            hit = pc.fill_null(pc.is_in(arr, value_set=index.value_sets[kind]), False)
+            idx = np.flatnonzero(hit.to_numpy(zero_copy_only=False))
+            if len(idx) == 0:
+                continue
+            take = pa.array(idx)
+            for img, key in zip(image_keys.take(take).to_pylist(), arr.take(take).to_pylist()):
+                match = matches[img]
+                match.reasons.add(KIND_REASON[kind])
+                match.refs.update(lookup[key])
+    return dict(matches)
+
+
+class NearDuplicateFinder:
+    """pHash near-duplicate search against the eval images (their hashes computed once)."""
+
+    def __init__(self, index: EvalIndex, cache: PhashCache, max_distance: int) -> None:
+        self.index = index
+        self.cache = cache
+        self.max_distance = max_distance
+        keys = sorted(index.image_paths)
+        hashes = cache.hashes([index.image_paths[k] for k in keys], desc="phash eval images")
+        self.eval_keys = [k for k, h in zip(keys, hashes) if h is not None]
+        self.eval_hashes = np.array([h for h in hashes if h is not None], dtype=np.uint64)
+        log.info("pHash of %d eval images (%d unreadable or missing)", len(self.eval_keys), len(keys) - len(self.eval_keys))
+
+    def find(self, image_keys: list[str], paths: list[str | None], *, desc: str) -> dict[str, set[str]]:
+        """Image key -> eval refs within ``max_distance`` for each pretraining image on disk."""
+        with_path = [(k, p) for k, p in zip(image_keys, paths) if p is not None]
+        hashes = self.cache.hashes([p for _, p in with_path], desc=desc)
+        keys = [k for (k, _), h in zip(with_path, hashes) if h is not None]
+        query = np.array([h for h in hashes if h is not None], dtype=np.uint64)
+        qi, ri = near_duplicate_pairs(query, self.eval_hashes, self.max_distance)
+        found: dict[str, set[str]] = defaultdict(set)
+        for q, r in zip(qi.tolist(), ri.tolist()):
+            found[keys[q]].update(self.index.image_refs[self.eval_keys[r]])
+        return dict(found)
+
+
+def pretrain_split(table: pa.Table, dataset: str, *, val_coco_ids: set[str] | None) -> pa.Array:
+    """The ``split`` column of a clean manifest: train|val (SPLIT_MAP; VG rows of COCO-val images -> val)."""
+    splits = table.column("split").combine_chunks()
+    unknown = sorted(set(pc.unique(splits).to_pylist()) - set(SPLIT_MAP))
+    if unknown:
+        raise ValueError(f"manifest {dataset}: split values {unknown} not in {sorted(SPLIT_MAP)}")
+    mapped = splits
+    for old, new in SPLIT_MAP.items():
+        if old != new:
+            mapped = pc.if_else(pc.equal(mapped, old), new, mapped)
+    if val_coco_ids is not None and "coco_id" in table.column_names:
+        is_val = pc.fill_null(pc.is_in(table.column("coco_id").cast(pa.string()),
+                                       value_set=pa.array(sorted(val_coco_ids), pa.string())), False)
+        mapped = pc.if_else(is_val, "val", mapped)
+    return mapped.cast(splits.type)
+
+
+def decontaminate_dataset(
+    dataset: str,
+    manifest: pa.Table,
+    rejects: pa.Table,
+    index: EvalIndex,
+    *,
+    finder: NearDuplicateFinder | None,
+    val_coco_ids: set[str] | None = None,
+) -> DatasetResult:
+    """Remove the eval images from one pretraining manifest; build its report.
+
+    Args:
+        manifest: the dataset's manifest (docs/contracts.md §4), any row order.
+        rejects: its ingest rejects (``reason`` column), counted in the report.
+        finder: pHash search, or None to skip near duplicates.
+        val_coco_ids: COCO ids of pretraining-val COCO images; VG rows of these images become val.
+
+    Returns:
+        clean table (kept rows, split train|val, sorted by example_id), report dict (DESIGN.md §4),
+        samples (removed images with paths, for thumbnails).
+    """
+    images = distinct_images(manifest)
+    matches = find_key_matches(images, index)
+    if finder is not None:
+        paths = images.select(["image_source", "image_id", "image_path"]).group_by(
+            ["image_source", "image_id"], use_threads=False).aggregate([("image_path", "min")])
+        near = finder.find(image_key_array(paths).to_pylist(), paths.column("image_path_min").to_pylist(),
+                           desc=f"phash {dataset}")
+        for key, refs in near.items():
+            match = matches.setdefault(key, ImageMatch())
+            match.reasons.add("near_duplicate")
+            match.refs.update(refs)
+
+    row_keys = image_key_array(manifest)
+    removed_mask = pc.is_in(row_keys, value_set=pa.array(sorted(matches), pa.large_string()))
+    clean = manifest.filter(pc.invert(removed_mask))
+    split_at = clean.schema.get_field_index("split")
+    clean = clean.set_column(split_at, clean.schema.field(split_at),  # keeps type and nullability
+                             pretrain_split(clean, dataset, val_coco_ids=val_coco_ids))
+    clean = clean.sort_by([("example_id", "ascending")])
+
+    removed = _removed_entries(images, matches)
+    removed_images = {r: 0 for r in REASONS}
+    for entry in removed:
+        removed_images[entry["reason"]] += 1
+    reject_counts = {r: 0 for r in REJECT_REASONS}
+    for reason in rejects.column("reason").to_pylist() if rejects.num_rows else []:
+        reject_counts[reason] = reject_counts.get(reason, 0) + 1
+    report = {
+        "dataset": dataset,
+        "input_rows": manifest.num_rows + rejects.num_rows,
+        "input_images": len(pc.unique(row_keys)),
+        "kept_rows": clean.num_rows,
+        "kept_images": len(pc.unique(image_key_array(clean))) if clean.num_rows else 0,
+        "removed_rows": int(pc.sum(removed_mask).as_py() or 0),
+        "removed_images": removed_images,
+        "removed": [{k: e[k] for k in ("image_id", "url", "reason", "matched_eval")} for e in removed],
+        "rejected_rows": reject_counts,
+    }
+    check_invariant(report)
+    return DatasetResult(clean=clean, report=report, samples=removed)
+
+
+def _removed_entries(images: pa.Table, matches: dict[str, ImageMatch]) -> list[dict]:
+    """One dict per removed image (image_id, url, reason, matched_eval, image_path), report order."""
+    keys = image_key_array(images).to_pylist()
+    info: dict[str, dict] = {}
+    for key, image_id, url, path in zip(keys, *(images.column(c).to_pylist() for c in ("image_id", "url", "image_path"))):
+        if key not in matches:
+            continue
+        entry = info.setdefault(key, {"image_id": image_id, "url": None, "image_path": None})
+        if url is not None and (entry["url"] is None or url < entry["url"]):
+            entry["url"] = url
+        if path is not None and (entry["image_path"] is None or path < entry["image_path"]):
+            entry["image_path"] = path
+    out = []
+    for key, match in matches.items():
+        entry = info[key]
+        out.append({**entry, "image_key": key, "reason": match.reason, "matched_eval": sorted(match.refs)})
+    out.sort(key=lambda e: (REASONS.index(e["reason"]), e["image_id"]))
+    return out
+
+
+def check_invariant(report: dict) -> None:
+    """Raise if input_rows != kept_rows + removed_rows + sum(rejected_rows)."""
+    rejected = sum(report["rejected_rows"].values())
+    total = report["kept_rows"] + report["removed_rows"] + rejected
+    if report["input_rows"] != total:
+        raise AssertionError(
+            f"cleaning report {report['dataset']}: input_rows {report['input_rows']} != kept {report['kept_rows']}"
+            f" + removed {report['removed_rows']} + rejected {rejected}"
+        )
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Deterministic parquet bytes (same table => same file)."""
+    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20)
+
+
+def _read_rejects(manifest_dir: Path, dataset: str) -> pa.Table:
+    path = Path(manifest_dir) / f"{dataset}.rejects.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"rejects file {path} does not exist: run the ingest stage for {dataset} first")
+    return pq.read_table(path, columns=["reason"])
+
+
+def _val_coco_ids(result: DatasetResult) -> set[str]:
+    clean = result.clean
+    val = clean.filter(pc.equal(clean.column("split"), "val"))
+    return set(pc.unique(val.column("image_id").cast(pa.string())).to_pylist())
+
+
+def run(params) -> dict[str, dict]:
+    """Stage entry: decontaminate every ``params.decontaminate.pretrain_datasets`` manifest.
+
+    Returns the report dict of each dataset (also written to ``<data>/reports/cleaning``).
+    """
+    from pipeline import reports  # matplotlib is only needed once the data work is done
+
+    cfg = params.decontaminate
+    data = Path(params.paths.data)
+    manifest_dir = data / "manifests"
+    if not 0 <= cfg.phash_max_distance <= 32:
+        raise ValueError(f"decontaminate.phash_max_distance must be in 0..32, got {cfg.phash_max_distance}")
+    record = RunRecord("decontaminate", params.section_digest("decontaminate"))
+    eval_images = read_eval_images(manifest_dir, cfg.eval_splits)
+    index = EvalIndex.build(eval_images)
+    log.info("eval set: %d images, %d refs from %s", len(index), len(index.ref_images), sorted(cfg.eval_splits))
+    cache = PhashCache(data / "cache" / "phash.parquet", workers=cfg.workers)
+    finder = NearDuplicateFinder(index, cache, cfg.phash_max_distance) if cfg.near_duplicates else None
+
+    results: dict[str, DatasetResult] = {}
+    val_coco_ids = None
+    # COCO first: VG images of pretraining-val COCO images go to VG val
+    for dataset in sorted(cfg.pretrain_datasets, key=lambda d: (d != "coco", d)):
+        path = manifest_path(manifest_dir, dataset)
+        record.inputs[f"manifest_{dataset}"] = path
+        results[dataset] = decontaminate_dataset(
+            dataset, read_manifest(path), _read_rejects(manifest_dir, dataset), index, finder=finder,
+            val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None,
+        )
+        if dataset == "coco":
+            val_coco_ids = _val_coco_ids(results[dataset])
+        cache.save()
+    for dataset in sorted(cfg.eval_splits):
+        record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
+
+    with atomic_dir(data / "reports" / "cleaning") as out:
+        for dataset, result in sorted(results.items()):
+            reports.write_cleaning_report(out, result.report, reports.pick_samples(result.samples, cfg.report_samples),
+                                          eval_paths=index.image_paths, ref_images=index.ref_images)
+        reports.write_summary(out, [r.report for _, r in sorted(results.items())])
+    with atomic_dir(data / "clean") as out:
+        for dataset, result in sorted(results.items()):
+            write_parquet(result.clean, out / f"{dataset}.parquet")
+            rep = result.report
+            record.counts[dataset] = {k: rep[k] for k in ("input_rows", "kept_rows", "removed_rows")} | {
+                "removed_images": sum(rep["removed_images"].values()),
+                "rejected_rows": sum(rep["rejected_rows"].values()),
+            }
+        record.extra["eval_images"] = len(index)
+        record.write(out)
+    for dataset, result in sorted(results.items()):
+        rep = result.report
+        log.info("%s: %d input rows -> %d kept, %d removed (%s), %d rejected", dataset, rep["input_rows"],
+                 rep["kept_rows"], rep["removed_rows"],
+                 ", ".join(f"{r} {n}" for r, n in rep["removed_images"].items() if n) or "no images",
+                 sum(rep["rejected_rows"].values()))
+    return {d: r.report for d, r in results.items()}

@@ -1,0 +1,272 @@
+"""Decontamination on a small synthetic world that plants one case of every reason.
+
+The world is written here (manifests + tiny images in tmp_path) so these tests do not depend on
+the mini-world generator or ingest; tests/pipeline/test_decontaminate_stage.py runs the real chain.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from pipeline import decontaminate
+from pipeline.config import load_params
+from pipeline.phash import phash_file
+
+REPO = Path(__file__).resolve().parents[2]
+CORE = ["example_id", "dataset", "split", "image_source", "image_id", "image_path", "url", "text"]
+EXTRA = {
+    "coco": ["coco_split", "flickr_url", "width", "height"],
+    "vg": ["coco_id", "flickr_id", "width", "height"],
+    "nlvr2": ["image_id_2", "image_path_2", "label"],
+    "snli_ve": ["premise", "label"],
+    "refcoco": ["ref_id"],
+}
+F30K = ["1000092795", "2000000001", "3000000002"]  # Flickr30k photo ids (all eval by default)
+COCO_URL = "http://images.cocodataset.org/val2014/COCO_val2014_{:012d}.jpg"
+
+
+def _pattern(seed: int) -> np.ndarray:
+    """A 64x64 RGB image of random 8x8 blocks: distinct seeds give far-apart pHashes."""
+    blocks = np.random.default_rng(seed).integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    return np.kron(blocks, np.ones((8, 8, 1), dtype=np.uint8))
+
+
+def _save(path: Path, seed: int, *, reencode: bool = False) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(_pattern(seed))
+    if reencode:  # a re-hosted copy: resized and saved as a lossy JPEG
+        image.resize((60, 60), Image.Resampling.BILINEAR).save(path, format="JPEG", quality=70)
+    else:
+        image.save(path, format="PNG")
+    return str(path)
+
+
+class World:
+    """Manifests + images under ``root``; ``expected`` = dataset -> {image_id: (reason, refs)}."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rows: dict[str, list[dict]] = {}
+        self.rejects: dict[str, list[str]] = {}
+        self.expected: dict[str, dict[str, tuple[str, list[str]]]] = {}
+
+    def image(self, name: str, seed: int, **kw) -> str:
+        return _save(self.root / "images" / name, seed, **kw)
+
+    def add(self, dataset: str, split: str, source: str, image_id: str, path: str, *, url=None, n=1, **extra):
+        rows = self.rows.setdefault(dataset, [])
+        for k in range(n):
+            row = dict(example_id=f"{dataset}-{image_id}-{k}-{split}", dataset=dataset, split=split,
+                       image_source=source, image_id=image_id, image_path=path, url=url, text=f"text {k}")
+            row.update({c: extra.get(c) for c in EXTRA.get(dataset, [])})
+            rows.append(row)
+
+    def expect(self, dataset: str, image_id: str, reason: str, refs: list[str]) -> None:
+        self.expected.setdefault(dataset, {})[image_id] = (reason, sorted(refs))
+
+    def write(self) -> Path:
+        out = self.root / "data" / "manifests"
+        out.mkdir(parents=True, exist_ok=True)
+        for dataset, rows in self.rows.items():
+            cols = CORE + EXTRA.get(dataset, [])
+            pq.write_table(pa.Table.from_pylist(rows).select(cols), out / f"{dataset}.parquet")
+            reasons = self.rejects.get(dataset, [])
+            rejects = pa.table({"dataset": [dataset] * len(reasons), "source_file": ["f"] * len(reasons),
+                                "locator": [str(i) for i in range(len(reasons))], "reason": reasons,
+                                "detail": [""] * len(reasons), "raw_row": ["{}"] * len(reasons)})
+            pq.write_table(rejects, out / f"{dataset}.rejects.parquet")
+        return self.root / "data"
+
+
+def build_world(root: Path) -> World:
+    w = World(root)
+    # --- eval datasets
+    for i, (pid, split) in enumerate(zip(F30K, ["train", "val", "test"])):
+        w.add("flickr30k", split, "flickr30k", pid, w.image(f"f30k/{pid}.jpg", 100 + i), n=2)
+    w.add("snli_ve", "dev", "flickr30k", F30K[0], str(root / f"images/f30k/{F30K[0]}.jpg"), premise="p", label="entailment")
+    w.add("snli_ve", "train", "flickr30k", F30K[1], str(root / f"images/f30k/{F30K[1]}.jpg"), premise="p", label="neutral")
+    nl_left, nl_right = w.image("nlvr2/dev-1-img0.png", 200), w.image("nlvr2/dev-1-img1.png", 201)
+    w.add("nlvr2", "dev", "nlvr2", "dev-1-img0", nl_left, url="https://example.org/pics/left.jpg?b=2&a=1",
+          image_id_2="dev-1-img1", image_path_2=nl_right, label=True)
+    w.add("nlvr2", "train", "nlvr2", "train-1-img0", w.image("nlvr2/train-1-img0.png", 202),
+          image_id_2="train-1-img1", image_path_2=w.image("nlvr2/train-1-img1.png", 203), label=False)
+    w.add("vcr", "val", "vcr", "movie/frame1.jpg", w.image("vcr/frame1.png", 300))
+    w.add("vcr", "train", "vcr", "movie/frame2.jpg", w.image("vcr/frame2.png", 301))
+    w.add("vqa", "test", "coco", "9001", w.image("coco/9001.png", 400))  # a test2015 image
+    w.add("vqa", "train", "coco", "1", str(root / "images/coco/1.png"))
+    w.add("refcoco", "val", "coco", "5", str(root / "images/coco/5.png"), ref_id="r5")
+    w.add("refcoco", "train", "coco", "1", str(root / "images/coco/1.png"), ref_id="r1")
+    w.rejects["flickr30k"] = ["missing_image"]
+
+    # --- COCO (pretraining and eval): Karpathy splits
+    coco = {1: "train", 2: "restval", 3: "val", 4: "test", 5: "train", 6: "train", 7: "train", 8: "train"}
+    for cid, split in coco.items():
+        path = w.image(f"coco/{cid}.png", 1000 + cid) if cid not in (7, 8) else None
+        flickr_url = f"http://farm{cid}.staticflickr.com/{cid}/{100 + cid}_abc123_z.jpg"
+        if cid == 6:  # a Flickr30k photo under its COCO flickr_url
+            flickr_url = f"http://farm3.staticflickr.com/2/{F30K[2]}_deadbeef_z.jpg"
+        if cid == 7:  # a re-encoded copy of the NLVR2 dev right image, at an unrelated URL
+            path = w.image("coco/7.jpg", 201, reencode=True)
+        if cid == 8:  # a Flickr30k photo by flickr_url AND a near duplicate of it: flickr id wins
+            flickr_url = f"https://live.staticflickr.com/65535/{F30K[1]}_f00d.jpg"
+            path = w.image("coco/8.jpg", 101, reencode=True)
+        w.add("coco", split, "coco", str(cid), path, url=COCO_URL.format(cid), n=2, coco_split="val2014",
+              flickr_url=flickr_url, width=64, height=64)
+    w.expect("coco", "4", "eval_split", ["coco/test/4"])
+    w.expect("coco", "5", "eval_split", ["refcoco/val/5"])
+    w.expect("coco", "6", "flickr_photo_id", [f"flickr30k/test/{F30K[2]}"])
+    w.expect("coco", "7", "near_duplicate", ["nlvr2/dev/dev-1-img1"])
+    w.expect("coco", "8", "flickr_photo_id", [f"flickr30k/val/{F30K[1]}"])
+    w.rejects["coco"] = ["missing_caption", "duplicate_id", "missing_caption"]
+
+    # --- VG: regions, coco_id / flickr_id
+    vg = {"11": dict(coco_id="4"), "12": dict(coco_id="3"), "13": dict(flickr_id=F30K[0]),
+          "14": {}, "15": dict(coco_id="4", flickr_id="0" + F30K[2])}
+    for vid, extra in vg.items():
+        w.add("vg", "train", "vg", vid, w.image(f"vg/{vid}.png", 2000 + int(vid)),
+              url=f"https://cs.stanford.edu/people/rak248/VG_100K/{vid}.jpg", n=3, width=64, height=64, **extra)
+    w.expect("vg", "11", "coco_id", ["coco/test/4"])
+    w.expect("vg", "13", "flickr_photo_id", [f"flickr30k/train/{F30K[0]}", f"snli_ve/dev/{F30K[0]}"])
+    w.expect("vg", "15", "coco_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])
+    w.rejects["vg"] = ["missing_field"]
+
+    # --- CC: URL variants
+    cc = {
+        "a": ("train", "HTTP://Images.CocoDataset.org:80/val2014/./x/../COCO_val2014_000000000004.jpg#frag"),
+        "b": ("train", f"http://farm9.static.flickr.com/123/{F30K[0]}_s3cr3t.jpg"),
+        "c": ("train", "https://example.com/unrelated.jpg"),
+        "d": ("val", "https://example.com/val.jpg"),
+        "e": ("train", "https://EXAMPLE.org:443/pics/%6Ceft.jpg?a=1&b=2"),
+        "f": ("train", "https://rehost.example.net/copy.jpg"),
+    }
+    for key, (split, url) in cc.items():
+        seed = 300 if key == "f" else 3000 + ord(key)  # f: a re-encoded VCR val frame
+        w.add("cc", split, "cc", f"cc{key}", w.image(f"cc/{key}.jpg", seed, reencode=True), url=url)
+    w.expect("cc", "cca", "canonical_url", ["coco/test/4"])
+    w.expect("cc", "ccb", "flickr_photo_id", [f"flickr30k/train/{F30K[0]}", f"snli_ve/dev/{F30K[0]}"])
+    w.expect("cc", "cce", "canonical_url", ["nlvr2/dev/dev-1-img0"])
+    w.expect("cc", "ccf", "near_duplicate", ["vcr/val/movie/frame1.jpg"])
+    w.rejects["cc"] = ["bad_url", "missing_image"]
+
+    # --- SBU: Flickr URLs
+    w.add("sbu", "train", "sbu", "s1", w.image("sbu/1.jpg", 4001, reencode=True),
+          url=f"https://c1.staticflickr.com/9/8152/{F30K[2]}_abc_b.jpg")
+    w.add("sbu", "train", "sbu", "s2", w.image("sbu/2.jpg", 4002, reencode=True),
+          url="http://farm1.static.flickr.com/1/424242_abc.jpg")
+    w.expect("sbu", "s1", "flickr_photo_id", [f"flickr30k/test/{F30K[2]}"])
+    w.rejects["sbu"] = []
+    return w
+
+
+def _params(data: Path, *sets: str):
+    return load_params(REPO / "params.yaml", [f"paths.data={data}", "decontaminate.workers=1", *sets])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> tuple[World, Path, dict]:
+    w = build_world(tmp_path_factory.mktemp("world"))
+    data = w.write()
+    reports = decontaminate.run(_params(data))
+    return w, data, reports
+
+
+def test_planted_images_are_removed_with_the_right_reason_and_matches(world):
+    w, data, reports = world
+    for dataset in ("coco", "vg", "cc", "sbu"):
+        got = {e["image_id"]: (e["reason"], e["matched_eval"]) for e in reports[dataset]["removed"]}
+        assert got == w.expected[dataset], dataset
+
+
+def test_reports_hold_the_invariant_and_the_contract_fields(world):
+    _, data, _ = world
+    for dataset, rejected in (("coco", 3), ("vg", 1), ("cc", 2), ("sbu", 0)):
+        rep = json.loads((data / "reports" / "cleaning" / f"{dataset}.json").read_text())
+        assert set(rep) == {"dataset", "input_rows", "input_images", "kept_rows", "kept_images", "removed_rows",
+                            "removed_images", "removed", "rejected_rows"}
+        assert rep["input_rows"] == rep["kept_rows"] + rep["removed_rows"] + sum(rep["rejected_rows"].values())
+        assert sum(rep["rejected_rows"].values()) == rejected
+        assert list(rep["removed_images"]) == sorted(decontaminate.REASONS)  # json sorts keys
+        assert sum(rep["removed_images"].values()) == len(rep["removed"])
+        for entry in rep["removed"]:
+            assert set(entry) == {"image_id", "url", "reason", "matched_eval"}
+    coco = json.loads((data / "reports" / "cleaning" / "coco.json").read_text())
+    assert coco["input_rows"] == 8 * 2 + 3 and coco["removed_rows"] == 5 * 2 and coco["kept_images"] == 3
+    assert coco["removed_images"] == {"eval_split": 2, "coco_id": 0, "flickr_photo_id": 2, "canonical_url": 0,
+                                      "near_duplicate": 1}
+    summary = json.loads((data / "reports" / "cleaning" / "summary.json").read_text())
+    assert summary["coco_removed_rows"] == 10 and summary["cc_removed_near_duplicate"] == 1
+    assert all(isinstance(v, int) for v in summary.values())
+
+
+def test_clean_manifests_keep_all_rows_of_kept_images_with_train_val_splits(world):
+    w, data, _ = world
+    coco = pq.read_table(data / "clean" / "coco.parquet")
+    assert coco.schema == pq.read_schema(data / "manifests" / "coco.parquet")
+    assert coco.column("example_id").to_pylist() == sorted(coco.column("example_id").to_pylist())
+    pairs = sorted(set(zip(coco.column("image_id").to_pylist(), coco.column("split").to_pylist())))
+    assert pairs == [("1", "train"), ("2", "train"), ("3", "val")]  # restval -> train
+    assert coco.num_rows == 6
+    vg = pq.read_table(data / "clean" / "vg.parquet")
+    vg_pairs = sorted(set(zip(vg.column("image_id").to_pylist(), vg.column("split").to_pylist())))
+    assert vg_pairs == [("12", "val"), ("14", "train")]  # 12 shows COCO val image 3
+    cc = pq.read_table(data / "clean" / "cc.parquet")
+    assert sorted(zip(cc.column("image_id").to_pylist(), cc.column("split").to_pylist())) == [
+        ("ccc", "train"), ("ccd", "val")]
+    assert pq.read_table(data / "clean" / "sbu.parquet").column("image_id").to_pylist() == ["s2"]
+    run = json.loads((data / "clean" / "_run.json").read_text())
+    assert run["stage"] == "decontaminate" and run["counts"]["coco"]["removed_images"] == 5
+
+
+def test_the_planted_near_duplicates_are_close_and_the_rest_far():
+    """Guards the synthetic world: the pHash cases above only mean something if this holds."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        a = phash_file(_save(Path(tmp) / "a.png", 201))
+        b = phash_file(_save(Path(tmp) / "b.jpg", 201, reencode=True))
+        others = [phash_file(_save(Path(tmp) / f"{s}.png", s)) for s in range(1000, 1020)]
+    assert (a ^ b).bit_count() <= 4
+    assert min((a ^ o).bit_count() for o in others) > 12
+
+
+def test_outputs_are_byte_identical_across_runs(world, tmp_path):
+    w, data, _ = world
+    again = tmp_path / "data"
+    (again / "manifests").mkdir(parents=True)
+    for f in (data / "manifests").iterdir():
+        (again / "manifests" / f.name).write_bytes(f.read_bytes())
+    decontaminate.run(_params(again))
+    for sub in ("clean", "reports/cleaning"):
+        first = {p.name: p.read_bytes() for p in (data / sub).iterdir() if p.name != "_run.json"}
+        second = {p.name: p.read_bytes() for p in (again / sub).iterdir() if p.name != "_run.json"}
+        assert first.keys() == second.keys() and len(first) > 3
+        for name in first:
+            assert first[name] == second[name], f"{sub}/{name} differs between runs"
+
+
+def test_near_duplicates_off_and_eval_splits_param(world, tmp_path):
+    w, data, _ = world
+    out = tmp_path / "data"
+    (out / "manifests").mkdir(parents=True)
+    for f in (data / "manifests").iterdir():
+        (out / "manifests" / f.name).write_bytes(f.read_bytes())
+    # Karpathy val excluded too; no pHash: the near duplicates stay, coco 3 goes, VG 12 (coco_id 3) goes
+    reports = decontaminate.run(_params(out, "decontaminate.near_duplicates=false",
+                                        "decontaminate.eval_splits.coco=[val,test]"))
+    removed = {d: {e["image_id"]: e["reason"] for e in r["removed"]} for d, r in reports.items()}
+    assert "7" not in removed["coco"] and "ccf" not in removed["cc"]
+    assert removed["coco"]["3"] == "eval_split" and removed["vg"]["12"] == "coco_id"
+    assert all(n == 0 for r in reports.values() for k, n in r["removed_images"].items() if k == "near_duplicate")
+
+
+def test_missing_manifest_is_named(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"coco\.parquet does not exist"):
+        decontaminate.run(_params(tmp_path))
