@@ -80,7 +80,8 @@ class SeenKeys:
         for run in self._runs:
             pos = np.minimum(np.searchsorted(run, keys), len(run) - 1)
             fresh &= run[pos] != keys
-        self._runs.append(np.sort(keys[fresh]))
+        if fresh.any():
+            self._runs.append(np.sort(keys[fresh]))
         while len(self._runs) > 1 and len(self._runs[-2]) <= len(self._runs[-1]):
             newer = self._runs.pop()
             self._runs[-1] = np.sort(np.concatenate([self._runs[-1], newer]), kind="stable")
