@@ -1,0 +1,91 @@
+"""What the downstream task models share: the output type, the encoder call, the answer MLP and the
+"pick one of a group of rows" loss used by VCR (choices) and retrieval (candidates)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import UniterConfig
+from model.layers import init_bert_weights
+from model.uniter import UniterModel
+
+__all__ = ["TaskOutput", "UniterTaskModel", "answer_mlp", "grouped_choice_loss", "metrics_to_floats"]
+
+
+@dataclass
+class TaskOutput:
+    """logits: the task's scores (shape documented per task); loss: scalar, None when the batch has
+    no ``targets``; metrics: python floats (``loss``, accuracy-like values, ``n_examples``)."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def answer_mlp(hidden_size: int, out_dim: int, *, in_dim: int | None = None, eps: float = 1e-12) -> nn.Sequential:
+    """UNITER's task head: Linear(in, 2H) -> GELU -> LayerNorm -> Linear(2H, out)."""
+    in_dim = in_dim or hidden_size
+    return nn.Sequential(
+        nn.Linear(in_dim, 2 * hidden_size),
+        nn.GELU(),
+        nn.LayerNorm(2 * hidden_size, eps=eps),
+        nn.Linear(2 * hidden_size, out_dim),
+    )
+
+
+def metrics_to_floats(values: Mapping[str, torch.Tensor], **counts: int) -> dict[str, float]:
+    """Detach and convert with one device sync; counts are added as floats."""
+    names = list(values)
+    floats = torch.stack([values[n].detach().float() for n in names]).tolist() if names else []
+    return {**dict(zip(names, floats)), **{k: float(v) for k, v in counts.items()}}
+
+
+def grouped_choice_loss(scores: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows come in G contiguous groups of equal size; each group has one correct row.
+
+    Args:
+        scores: [R] one score per row, R = G * group size; targets: i64 [G], the correct row's
+            index within its group.
+    Returns:
+        (loss: mean CE over groups, accuracy: correct row ranked first, logits [G, group size]).
+    """
+    groups = targets.shape[0]
+    if groups == 0 or scores.shape[0] % groups:
+        raise ValueError(f"{scores.shape[0]} rows cannot be split into {groups} equal groups")
+    logits = scores.view(groups, -1)
+    loss = F.cross_entropy(logits.float(), targets)
+    return loss, (logits.argmax(-1) == targets).float().mean(), logits
+
+
+class UniterTaskModel(nn.Module):
+    """Base of the downstream models: ``self.uniter`` plus task modules that subclasses add.
+
+    ``load_encoder_state(model, pretrain_state_dict)`` (model.uniter) fills the encoder from a
+    pretraining checkpoint; heads start from BERT's initialization.
+    """
+
+    def __init__(self, config: UniterConfig, *, img_dim: int):
+        super().__init__()
+        self.config = config
+        self.uniter = UniterModel(config, img_dim=img_dim)
+
+    def init_heads(self, *modules: nn.Module) -> None:
+        for module in modules:
+            module.apply(lambda m: init_bert_weights(m, self.config.initializer_range))
+
+    def encode(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Sequence output [R, Lt + Li, H] of the batch rows (contracts section 6 keys)."""
+        return self.uniter(
+            batch["input_ids"],
+            batch["txt_mask"],
+            batch["img_feat"],
+            batch["img_pos"],
+            batch["img_mask"],
+            txt_type_ids=batch.get("txt_type_ids"),
+            img_type_ids=batch.get("img_type_ids"),
+        )

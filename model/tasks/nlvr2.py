@@ -1,0 +1,113 @@
+"""NLVR2: is a statement true of a *pair* of images? UNITER's three ways of feeding two images.
+
+- triplet: one sequence ``[CLS] text [SEP] regions(left) regions(right)``; the right image's
+  regions get a third segment type. One row per example.
+- pair: each image encoded with the text separately; the two pooled vectors are concatenated.
+- pair_biattn: as pair, then each side's sequence attends to the other's (bidirectional
+  attention), both are attention-pooled and concatenated. The paper's best variant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import UniterConfig
+from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
+
+__all__ = ["UniterForNlvr2", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE"]
+
+NLVR2_VARIANTS = ("triplet", "pair", "pair_biattn")
+RIGHT_IMAGE_TYPE = 2  # triplet: left-image regions keep type 1, right-image regions get type 2
+
+
+class AttentionPool(nn.Module):
+    """Softmax-weighted average of positions: [B, L, H] + mask [B, L] -> [B, H]."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.score = nn.Linear(hidden_size, 1, bias=False)  # a bias cancels in the softmax
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = self.score(x).squeeze(-1).masked_fill(~mask, float("-inf")).softmax(-1)
+        return torch.einsum("bl,blh->bh", weights, x)
+
+
+class BiAttention(nn.Module):
+    """Left attends to right and right to left; each result is fused with its own sequence."""
+
+    def __init__(self, config: UniterConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.left_to_right = nn.MultiheadAttention(h, config.num_heads, dropout=config.attention_dropout, batch_first=True)
+        self.right_to_left = nn.MultiheadAttention(h, config.num_heads, dropout=config.attention_dropout, batch_first=True)
+        self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.GELU(), nn.Dropout(config.hidden_dropout))
+        self.pool = AttentionPool(h)
+
+    def forward(self, left, right, left_mask, right_mask) -> torch.Tensor:
+        """left/right [B, L, H], masks bool [B, L] (True = real) -> [B, 2H]."""
+        from_right, _ = self.left_to_right(left, right, right, key_padding_mask=~right_mask, need_weights=False)
+        from_left, _ = self.right_to_left(right, left, left, key_padding_mask=~left_mask, need_weights=False)
+        left = self.fuse(torch.cat([from_right, left], -1))
+        right = self.fuse(torch.cat([from_left, right], -1))
+        return torch.cat([self.pool(left, left_mask), self.pool(right, right_mask)], -1)
+
+
+class UniterForNlvr2(UniterTaskModel):
+    """Binary NLVR2 classifier in one of ``NLVR2_VARIANTS``.
+
+    Batch (contracts section 6 keys) + ``targets`` i64 [B] (1 = statement true):
+    - triplet: B rows; ``img_feat`` holds the left image's regions then the right image's, and
+      ``img_type_ids`` i64 [B, Li] marks them 1 / ``RIGHT_IMAGE_TYPE`` (padding: any).
+    - pair, pair_biattn: 2B rows, row 2i = (text_i, left image), row 2i+1 = (text_i, right image).
+    Output logits [B, 2]; loss: CE; metric ``accuracy``.
+    """
+
+    def __init__(
+        self,
+        config: UniterConfig,
+        *,
+        img_dim: int,
+        variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn",
+    ):
+        super().__init__(config, img_dim=img_dim)
+        if variant not in NLVR2_VARIANTS:
+            raise ValueError(f"unknown NLVR2 variant {variant!r}; expected one of {NLVR2_VARIANTS}")
+        self.variant = variant
+        h, eps = config.hidden_size, config.layer_norm_eps
+        if variant == "triplet":
+            self.uniter.grow_type_vocab(RIGHT_IMAGE_TYPE + 1)
+            self.head = answer_mlp(h, 2, eps=eps)
+        else:
+            self.head = answer_mlp(h, 2, in_dim=2 * h, eps=eps)
+        self.biattn = BiAttention(config) if variant == "pair_biattn" else None
+        self.init_heads(self.head, *([self.biattn] if self.biattn is not None else []))
+
+    def forward(self, batch: Mapping[str, torch.Tensor]) -> TaskOutput:
+        if self.variant == "triplet" and batch.get("img_type_ids") is None:
+            raise KeyError("NLVR2 triplet batch lacks 'img_type_ids' (which regions belong to the right image)")
+        sequence = self.encode(batch)
+        rows = sequence.shape[0]
+        if self.variant == "triplet":
+            features = self.uniter.pool(sequence)
+        else:
+            if rows % 2:
+                raise ValueError(f"NLVR2 {self.variant} batch needs an even number of rows (left/right), got {rows}")
+            if self.variant == "pair":
+                features = self.uniter.pool(sequence).view(rows // 2, -1)
+            else:
+                mask = torch.cat([batch["txt_mask"], batch["img_mask"]], 1).bool()
+                features = self.biattn(sequence[0::2], sequence[1::2], mask[0::2], mask[1::2])
+        logits = self.head(features)
+        targets = batch.get("targets")
+        if targets is None:
+            return TaskOutput(logits=logits)
+        if targets.shape[0] != logits.shape[0]:
+            raise ValueError(f"NLVR2 {self.variant}: {targets.shape[0]} targets for {logits.shape[0]} examples")
+        loss = F.cross_entropy(logits.float(), targets)
+        accuracy = (logits.argmax(-1) == targets).float().mean()
+        metrics = metrics_to_floats({"loss": loss, "accuracy": accuracy}, n_examples=targets.shape[0])
+        return TaskOutput(logits=logits, loss=loss, metrics=metrics)
