@@ -1,0 +1,135 @@
+"""Pretraining datasets: one per task (mlm, mrfr, mrc, mrc_kl, itm) over text + image DBs.
+
+An example is ``[CLS] text [SEP]`` plus the regions of its image(s) (VCR: given boxes then
+detected boxes, concatenated). Masking goes through ``model.masking.mask_example``: conditional
+by default (mlm masks text only, mrm tasks regions only), ``masking="joint"`` masks both for
+the ablation. ITM swaps in another image of the dataset with probability ``itm_neg_prob``.
+
+Every random draw of example ``i`` comes from a generator seeded by (seed, epoch, task, i), so
+an example is the same whichever worker loads it and a resumed run sees the same masks.
+
+>>> ds = open_pretrain_dataset("mlm", ["data/db/txt/pretrain_indomain_train"], "data/db/img", seed=1)
+>>> sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=4096, seed=1)
+>>> loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_pretrain, num_workers=2)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from model.masking import mask_example
+from pipeline.batching import TokenBucketSampler, collate_pretrain
+from pipeline.stores import ImageDbGroup, TextDb
+
+TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+MRM_TASKS = ("mrfr", "mrc", "mrc_kl")
+
+
+class PretrainDataset(Dataset):
+    """Examples of one pretraining ``task`` drawn from one or more text DBs.
+
+    ``ds[i]`` -> dict: ``task``; ``input_ids`` i64 [lt] (masked for mlm); ``img_feat`` f16
+    [n, D], ``img_pos`` f16 [n, 7] (numpy; the collate converts); plus ``txt_labels`` i64 [lt]
+    (mlm, or any masked task under joint masking), ``img_masked`` bool [n] and
+    ``img_soft_labels`` f16 [n, C+1] (mrfr/mrc/mrc_kl, or joint), ``itm_target`` (itm: 1 =
+    matched, 0 = swapped image).
+    ``txt_lens`` / ``img_lens`` (int [N]) are what :class:`TokenBucketSampler` needs.
+    """
+
+    def __init__(self, txt_dbs: Sequence[TextDb], img_dbs: ImageDbGroup, *, task: str, seed: int = 0,
+                 masking: Literal["conditional", "joint"] = "conditional", mask_prob: float = 0.15,
+                 itm_neg_prob: float = 0.5) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown pretraining task {task!r}; expected one of {TASKS}")
+        if masking not in ("conditional", "joint"):
+            raise ValueError(f"masking must be conditional or joint, got {masking!r}")
+        digests = {db.meta["tokenizer_sha256"] for db in txt_dbs}
+        if len(digests) != 1:
+            raise ValueError(f"text DBs {[db.name for db in txt_dbs]} were tokenized with different vocabularies")
+        self.txt_dbs, self.img_dbs = list(txt_dbs), img_dbs
+        self.task, self.seed, self.masking = task, seed, masking
+        self.mask_prob, self.itm_neg_prob = mask_prob, itm_neg_prob
+        meta = self.txt_dbs[0].meta
+        self.special = meta["special_ids"]
+        self.vocab_size = int(meta["vocab_size"])
+        self.examples = [(d, eid) for d, db in enumerate(self.txt_dbs) for eid in db.ids]
+        self.image_sets = [tuple(self.txt_dbs[d].txt2img[eid]) for d, eid in self.examples]
+        self.txt_lens = np.array([self.txt_dbs[d].id2len[eid] + 2 for d, eid in self.examples], dtype=np.int64)
+        self.img_lens = np.array([sum(img_dbs.num_regions(q) for q in imgs) for imgs in self.image_sets],
+                                 dtype=np.int64)
+        self.image_pool = sorted(set(self.image_sets)) if task == "itm" else []
+        if task == "itm" and len(self.image_pool) < 2:
+            raise ValueError("itm needs at least two distinct images to draw negatives from")
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def generator(self, index: int) -> torch.Generator:
+        state = np.random.SeedSequence([self.seed, self.epoch, TASKS.index(self.task), index]).generate_state(2)
+        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+    def _negative_images(self, own: tuple[str, ...], g: torch.Generator) -> tuple[str, ...]:
+        while True:
+            cand = self.image_pool[int(torch.randint(len(self.image_pool), (1,), generator=g))]
+            if cand != own:
+                return cand
+
+    def _regions(self, image_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        records = [self.img_dbs[q] for q in image_ids]
+        keys = ("features", "norm_bb", "soft_labels")
+        if len(records) == 1:
+            return {k: records[0][k] for k in keys}
+        return {k: np.concatenate([r[k] for r in records]) for k in keys}
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        d, eid = self.examples[index]
+        record = self.txt_dbs[d][eid]
+        g = self.generator(index)
+        images, itm_target = self.image_sets[index], 1
+        if self.task == "itm" and float(torch.rand(1, generator=g)) < self.itm_neg_prob:
+            images, itm_target = self._negative_images(images, g), 0
+        regions = self._regions(images)
+        text = torch.from_numpy(np.asarray(record["input_ids"], dtype=np.int64))
+        ids = torch.cat([torch.tensor([self.special["cls"]]), text, torch.tensor([self.special["sep"]])])
+        out: dict[str, Any] = {"task": self.task, "img_feat": regions["features"], "img_pos": regions["norm_bb"]}
+        if self.task == "itm":
+            out.update(input_ids=ids, itm_target=itm_target)
+            return out
+        masked = mask_example(ids, len(regions["features"]), task=self.task, scheme=self.masking,
+                              mask_prob=self.mask_prob, vocab_size=self.vocab_size,
+                              mask_token_id=self.special["mask"], special_ids=self.special.values(), generator=g)
+        out["input_ids"] = masked.input_ids
+        if self.task == "mlm" or self.masking == "joint":
+            out["txt_labels"] = masked.txt_labels
+        if self.task in MRM_TASKS or self.masking == "joint":
+            out["img_masked"] = masked.img_masked
+            out["img_soft_labels"] = regions["soft_labels"]
+        return out
+
+
+def open_pretrain_dataset(task: str, txt_db_dirs: Sequence[Path | str], img_db_root: Path | str,
+                          **kwargs: Any) -> PretrainDataset:
+    """Open the text DBs and every image DB their ``meta.json`` names under ``img_db_root``."""
+    txt_dbs = [TextDb(p) for p in txt_db_dirs]
+    names = sorted({n for db in txt_dbs for n in db.img_db_names})
+    return PretrainDataset(txt_dbs, ImageDbGroup(img_db_root, names), task=task, **kwargs)
+
+
+def pretrain_loader(dataset: PretrainDataset, *, batch_tokens: int, seed: int, rank: int = 0, world_size: int = 1,
+                    num_workers: int = 0, bucket_size: int = 8192) -> tuple[DataLoader, TokenBucketSampler]:
+    """A DataLoader over ``dataset`` with a :class:`TokenBucketSampler`; call ``sampler.set_epoch``
+    and ``dataset.set_epoch`` together at each epoch."""
+    sampler = TokenBucketSampler(dataset.txt_lens, dataset.img_lens, batch_tokens=batch_tokens,
+                                 bucket_size=bucket_size, seed=seed, rank=rank, world_size=world_size)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_pretrain, num_workers=num_workers,
+                        persistent_workers=False, pin_memory=False)
+    return loader, sampler
