@@ -13,8 +13,10 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
+# dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test test-fast airflow airflow-stop clean-venv
+.PHONY: setup demo test test-fast airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -37,3 +39,14 @@ test-fast: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Local Airflow 3 (SQLite + LocalExecutor on 127.0.0.1, state in airflow_home/): see scripts/airflow_local.sh
+airflow: $(STAMP)
+	bash scripts/airflow_local.sh start
+
+airflow-stop:
+	bash scripts/airflow_local.sh stop
+
+# make airflow-trigger CONF='{"run_name": "joint", "masking": "joint"}'
+airflow-trigger: $(STAMP)
+	bash scripts/airflow_local.sh trigger '$(CONF)'

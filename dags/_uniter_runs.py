@@ -1,0 +1,218 @@
+"""What an Airflow pretraining run needs beyond wiring: its run directory, its params file, and
+running one stage exactly as DVC does (``python -m pipeline <stage> [ITEM] --params FILE``).
+
+A run lives in ``<paths.runs>/<run_name>/``: ``params.yaml`` (the repo's params with the trigger's
+choices applied and every artifact path moved inside the run), ``conf.json`` (the trigger conf as
+given), ``data/`` (every stage output) and, at the end, ``outputs.json`` (a digest per output).
+Stages are idempotent and write atomically, so a retried task simply runs its stage again.
+
+Kept free of Airflow imports so tests can use it directly; ``.airflowignore`` keeps the
+dag-processor from parsing it as a DAG file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The DAG drives the repository it lives in: its `pipeline` package must be importable in the
+# Airflow processes even where the project is not pip-installed (stages themselves run as
+# `python -m pipeline` with the repository as working directory).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# a `--set` key: a dotted params path (section.key[.subkey...])
+OVERRIDE_KEY_PATTERN = r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
+PARAMS_FILE = "params.yaml"
+OUTPUTS_FILE = "outputs.json"
+
+log = logging.getLogger(__name__)
+
+
+class RunConflict(RuntimeError):
+    """A run directory already holds a run with different params (retrying would mix outputs)."""
+
+
+class StageFailed(RuntimeError):
+    """``python -m pipeline <stage>`` exited non-zero; the message carries its last output lines."""
+
+
+def repo_params(repo_root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The repository's ``params.yaml`` as a plain mapping (the defaults of every run)."""
+    return yaml.safe_load((repo_root / PARAMS_FILE).read_text()) or {}
+
+
+def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
+    """Translate the DAG's trigger conf into ``--set key=value`` assignments (values as JSON, which
+    YAML reads back unchanged). Keys the conf leaves out or sets to null keep params.yaml's value."""
+    direct = {
+        "seed": "seed",
+        "model_preset": "model.preset",
+        "task_mix": "pretrain.mix_ratio",
+        "pretrain_data": "pretrain.datasets",
+        "masking": "pretrain.masking",
+        "pretrain_steps": "pretrain.steps",
+        "vcr_steps": "pretrain.vcr.steps",
+        "finetune_tasks": "finetune.tasks",
+    }
+    out = [f"{key}={json.dumps(conf[name])}" for name, key in direct.items() if conf.get(name) is not None]
+    if conf.get("finetune_steps") is not None:
+        tasks = conf.get("finetune_tasks") or repo_params()["finetune"]["tasks"]
+        out += [f"finetune.per_task.{t}.steps={int(conf['finetune_steps'])}" for t in tasks]
+    out += [f"{key}={json.dumps(value)}" for key, value in sorted((conf.get("overrides") or {}).items())]
+    return out
+
+
+def _rebase(path: str, old_root: str, new_root: str) -> str | None:
+    """``path`` moved from below ``old_root`` to below ``new_root``; None when it is not below it."""
+    p, old = PurePosixPath(path), PurePosixPath(old_root)
+    if p == old or old in p.parents:
+        return str(PurePosixPath(new_root) / p.relative_to(old))
+    return None
+
+
+def relocate(raw: dict[str, Any], run_data: str) -> dict[str, Any]:
+    """Point every artifact path of ``raw`` inside ``run_data``: ``paths.data`` and, in the mini
+    world (which the run generates itself), ``mini_world.out_dir`` and each ``sources`` path below
+    it. Real-world sources stay where they are. Returns ``raw`` (changed in place)."""
+    old_data = str(raw["paths"]["data"])
+    raw["paths"]["data"] = run_data
+    if raw.get("world") != "mini":
+        return raw
+    old_mini = str(raw["mini_world"]["out_dir"])
+    new_mini = _rebase(old_mini, old_data, run_data) or str(PurePosixPath(run_data) / "raw" / "mini")
+    raw["mini_world"]["out_dir"] = new_mini
+    for source in raw.get("sources", {}).values():
+        for key, value in source.items():
+            if isinstance(value, str) and (moved := _rebase(value, old_mini, new_mini)) is not None:
+                source[key] = moved
+    return raw
+
+
+def run_name_for(conf: Mapping[str, Any], run_id: str) -> str:
+    """The trigger's ``run_name``, or one derived from the Airflow run id (``manual__2026-...``)."""
+    name = conf.get("run_name") or re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:64]
+    if not re.match(RUN_NAME_PATTERN, name):
+        raise ValueError(f"run name {name!r} does not match {RUN_NAME_PATTERN}")
+    return name
+
+
+def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Create (or, on a retry, re-check) the run directory and its params file.
+
+    Returns ``{run_name, run_dir, params, data, datasets, image_sources, tasks, world}`` with paths
+    relative to ``repo_root`` (stages run there). Raises ``pipeline.config.ParamsError`` for a conf
+    the strict params schema refuses, and :class:`RunConflict` when ``run_name`` already ran with
+    other params.
+    """
+    from pipeline.config import apply_override, parse_params
+
+    raw = repo_params(repo_root)
+    for assignment in conf_to_overrides(conf):
+        apply_override(raw, assignment)
+    name = run_name_for(conf, run_id)
+    run_dir = PurePosixPath(str(raw["paths"]["runs"])) / name
+    relocate(raw, str(run_dir / "data"))
+    params = parse_params(raw, source=f"{run_dir}/{PARAMS_FILE} (from the trigger conf)")
+    text = yaml.safe_dump(raw, sort_keys=False)
+    params_file = repo_root / run_dir / PARAMS_FILE
+    if params_file.exists() and params_file.read_text() != text:
+        raise RunConflict(f"{params_file} already holds a run with other params; choose another run_name")
+    params_file.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(params_file, text)
+    _write_atomic(params_file.with_name("conf.json"), json.dumps(dict(conf), indent=2, sort_keys=True) + "\n")
+    return {
+        "run_name": name,
+        "run_dir": str(run_dir),
+        "params": str(run_dir / PARAMS_FILE),
+        "data": str(params.paths.data),
+        "world": params.world,
+        "datasets": list(params.ingest.datasets),
+        "image_sources": list(params.extract.sources),
+        "tasks": list(params.finetune.tasks),
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def stage_command(stage: str, item: str | None, params_file: str) -> list[str]:
+    """The exact command DVC's dvc.yaml runs for ``stage[@item]``, with the run's params file."""
+    return [sys.executable, "-m", "pipeline", stage, *([item] if item else []), "--params", params_file]
+
+
+def run_stage(stage: str, item: str | None, params_file: str, *, repo_root: Path = REPO_ROOT,
+              emit: Callable[[str], None] | None = None, tail_lines: int = 40) -> None:
+    """Run one stage as a child process in ``repo_root``, streaming its output to ``emit`` (the task
+    log). A child process keeps torch/DeepSpeed/detectron2 state out of the Airflow worker.
+    Raises :class:`StageFailed` with the last ``tail_lines`` lines when it exits non-zero."""
+    emit = emit or log.info
+    cmd = stage_command(stage, item, params_file)
+    emit("$ " + " ".join(cmd))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
+    env.setdefault("PYTHONHASHSEED", "0")
+    tail: deque[str] = deque(maxlen=tail_lines)
+    with subprocess.Popen(cmd, cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="backslashreplace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            emit(line)
+    if proc.returncode != 0:
+        where = f"{stage}@{item}" if item else stage
+        raise StageFailed(f"stage {where} exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
+
+
+def cleaning_summary(data_dir: str, *, repo_root: Path = REPO_ROOT) -> str:
+    """The cleaning table of a data dir, as ``python -m pipeline report cleaning --dir`` prints it,
+    followed by where the per-dataset JSON/Markdown/HTML reports are."""
+    cmd = [sys.executable, "-m", "pipeline", "report", "cleaning", "--dir", data_dir]
+    env = {**os.environ, "COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb"}
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True)
+    report_dir = (repo_root / data_dir / "reports" / "cleaning").resolve()
+    pages = sorted(p.name for p in report_dir.glob("*.html"))
+    return "\n".join([
+        done.stdout.rstrip() or done.stderr.rstrip(),
+        f"cleaning reports: {report_dir} ({', '.join(pages) or 'no HTML pages'})",
+        f"summary metrics: {report_dir / 'summary.json'}",
+    ])
+
+
+def output_dirs(data_dir: Path) -> list[Path]:
+    """The stage outputs below a data dir: files and directories two levels down
+    (``manifests/coco.parquet``, ``features/coco``, ``db/img``, ``models/pretrain``, ...)."""
+    outs = []
+    for top in sorted(p for p in data_dir.iterdir() if p.is_dir() and p.name not in {"cache"}):
+        outs += sorted(p for p in top.iterdir() if not p.name.startswith((".", "_run")) and "._run" not in p.name)
+    return outs
+
+
+def record_outputs(run: Mapping[str, Any], *, repo_root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Write ``outputs.json`` into the run dir: the run's params digest and a content digest per
+    stage output (``_run.json`` files, which hold wall times, excluded). Returns the record."""
+    from pipeline.config import load_params
+    from pipeline.runinfo import atomic_write_json, tree_digest
+
+    data_dir = repo_root / run["data"]
+    record = {
+        "run_name": run["run_name"],
+        "params": run["params"],
+        "params_digest": load_params(repo_root / run["params"], check_paths=False).digest(),
+        "outputs": {str(p.relative_to(repo_root / run["run_dir"])): tree_digest(p) for p in output_dirs(data_dir)},
+    }
+    atomic_write_json(repo_root / run["run_dir"] / OUTPUTS_FILE, record)
+    return record

@@ -1,0 +1,174 @@
+"""``uniter_pretraining``: a new UNITER pretraining run, from raw data to the results table.
+
+Trigger it with a conf (every key optional; validated by the JSON schemas below), e.g.
+
+    airflow dags trigger uniter_pretraining --conf '{"run_name": "joint-mask", "masking": "joint"}'
+
+Each task runs the same stage entry as dvc.yaml (``python -m pipeline <stage> [ITEM] --params
+runs/<run_name>/params.yaml``), so a run is the DVC pipeline with the trigger's params, written to
+its own ``runs/<run_name>/`` (params, conf, data, outputs.json). Stages are idempotent and write
+atomically: retrying a task is safe. Extraction and training tasks take a slot of the ``gpu`` pool.
+This file only wires stages; the helpers are in ``_uniter_runs.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+
+# Airflow puts the DAG folder on sys.path in its own processes, but not every loader does
+# (DagBag in tests, `python dags/uniter_pretraining.py`); make the helper importable everywhere.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+import _uniter_runs as runs  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+GPU_POOL = "gpu"
+DEFAULTS = runs.repo_params()
+PRESETS = ["tiny", "small", "base", "large"]
+PRETRAIN_TASKS = ["mlm", "mrfr", "mrc", "mrc_kl", "itm"]
+FINETUNE_TASKS = ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus"]
+
+PARAMS = {
+    "run_name": Param(
+        None, type=["null", "string"], pattern=runs.RUN_NAME_PATTERN,
+        description="Directory name under runs/; default: derived from the Airflow run id.",
+    ),
+    "seed": Param(DEFAULTS["seed"], type="integer", minimum=0, description="Root seed of every stage."),
+    "model_preset": Param(DEFAULTS["model"]["preset"], type="string", enum=PRESETS, description="UNITER size."),
+    "task_mix": Param(
+        dict(DEFAULTS["pretrain"]["mix_ratio"]), type="object",
+        properties={t: {"type": "number", "minimum": 0} for t in PRETRAIN_TASKS},
+        additionalProperties=False, minProperties=1,
+        description="Pretraining task -> sampling weight (one task per step).",
+    ),
+    "pretrain_data": Param(
+        DEFAULTS["pretrain"]["datasets"], type="string", enum=["indomain", "outdomain", "both"],
+        description="In-domain (COCO+VG), out-of-domain (CC+SBU) or both.",
+    ),
+    "masking": Param(DEFAULTS["pretrain"]["masking"], type="string", enum=["conditional", "joint"]),
+    "pretrain_steps": Param(DEFAULTS["pretrain"]["steps"], type="integer", minimum=1),
+    "vcr_steps": Param(DEFAULTS["pretrain"]["vcr"]["steps"], type="integer", minimum=1),
+    "finetune_tasks": Param(
+        list(DEFAULTS["finetune"]["tasks"]), type="array", items={"type": "string", "enum": FINETUNE_TASKS},
+        minItems=1, uniqueItems=True,
+    ),
+    "finetune_steps": Param(None, type=["null", "integer"], minimum=1,
+                            description="Steps for every fine-tuning task; null keeps params.yaml's."),
+    "overrides": Param(
+        {}, type="object", propertyNames={"pattern": runs.OVERRIDE_KEY_PATTERN},
+        description="Any other params.yaml key -> value, e.g. {\"mini_world.n_coco\": 60} for a small world.",
+    ),
+}
+
+
+def _run_stage(run: dict, stage: str, item: str | None = None) -> None:
+    runs.run_stage(stage, item, run["params"], emit=log.info)
+
+
+@dag(
+    dag_id="uniter_pretraining",
+    schedule=None,
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params=PARAMS,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    tags=["uniter"],
+    doc_md=__doc__,
+)
+def uniter_pretraining():
+    @task(retries=0)
+    def prepare() -> dict:
+        """Validate the conf against the strict params schema and write runs/<run_name>/params.yaml."""
+        from pipeline.config import ParamsError
+
+        ctx = get_current_context()
+        try:
+            run = runs.prepare_run(ctx["params"], ctx["run_id"])
+        except (ParamsError, runs.RunConflict, ValueError) as err:
+            raise AirflowFailException(str(err)) from err
+        log.info("run %s: params %s, outputs under %s", run["run_name"], run["params"], run["data"])
+        return run
+
+    @task
+    def items(run: dict, key: str) -> list[str]:
+        """One list of the run's params to map over (Airflow maps only over a task's return value)."""
+        return list(run[key])
+
+    @task
+    def mini_world(run: dict) -> None:
+        if run["world"] == "mini":
+            _run_stage(run, "mini_world")
+        else:
+            log.info("world is %r: raw data comes from params `sources`, nothing to generate", run["world"])
+
+    @task(map_index_template="{{ dataset }}")
+    def ingest(run: dict, dataset: str) -> None:
+        _run_stage(run, "ingest", dataset)
+
+    @task
+    def decontaminate(run: dict) -> None:
+        _run_stage(run, "decontaminate")
+        log.info("cleaning summary\n%s", runs.cleaning_summary(run["data"]))
+
+    @task(pool=GPU_POOL)
+    def train_detector(run: dict) -> None:
+        _run_stage(run, "train_detector")
+
+    @task(pool=GPU_POOL, map_index_template="{{ image_source }}")
+    def extract(run: dict, image_source: str) -> None:
+        _run_stage(run, "extract", image_source)
+
+    @task
+    def build_dbs(run: dict) -> None:
+        _run_stage(run, "build_dbs")
+
+    @task(pool=GPU_POOL)
+    def pretrain(run: dict) -> None:
+        _run_stage(run, "pretrain")
+
+    @task(pool=GPU_POOL)
+    def pretrain_vcr(run: dict) -> None:
+        _run_stage(run, "pretrain_vcr")
+
+    @task(pool=GPU_POOL, map_index_template="{{ finetune_task }}")
+    def finetune(run: dict, finetune_task: str) -> None:
+        _run_stage(run, "finetune", finetune_task)
+
+    @task
+    def results(run: dict) -> None:
+        _run_stage(run, "results")
+
+    @task
+    def record(run: dict) -> dict:
+        """outputs.json: a digest of every stage output, beside the run's params."""
+        rec = runs.record_outputs(run)
+        log.info("run %s produced %d outputs; record in %s/%s", run["run_name"], len(rec["outputs"]),
+                 run["run_dir"], runs.OUTPUTS_FILE)
+        return rec
+
+    run = prepare()
+    world = mini_world(run)
+    ingested = ingest.partial(run=run).expand(dataset=items.override(task_id="datasets")(run, "datasets"))
+    cleaned = decontaminate(run)
+    detector = train_detector(run)
+    sources = items.override(task_id="image_sources")(run, "image_sources")
+    features = extract.partial(run=run).expand(image_source=sources)
+    dbs = build_dbs(run)
+    first = pretrain(run)
+    second = pretrain_vcr(run)
+    tuned = finetune.partial(run=run).expand(finetune_task=items.override(task_id="tasks")(run, "tasks"))
+    table = results(run)
+    world >> ingested >> cleaned >> features
+    world >> detector >> features
+    features >> dbs >> first >> second >> tuned >> table >> record(run)
+
+
+uniter_pretraining()

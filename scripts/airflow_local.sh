@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# A local Airflow 3 for the uniter_pretraining DAG: SQLite + LocalExecutor, everything bound to
+# 127.0.0.1, state under $AIRFLOW_HOME (default: <repo>/airflow_home, gitignored).
+#
+#   scripts/airflow_local.sh start            # db migrate, `gpu` pool, api-server + scheduler + dag-processor
+#   scripts/airflow_local.sh trigger '{...}'  # trigger uniter_pretraining with a conf; prints the run id
+#   scripts/airflow_local.sh wait RUN_ID [S]  # wait until the run succeeds (exit 0) or fails (exit 1)
+#   scripts/airflow_local.sh status           # which processes run, the last runs
+#   scripts/airflow_local.sh stop             # stop what `start` started
+#
+# Environment: AIRFLOW_HOME, AIRFLOW_PORT (8080), AIRFLOW_GPU_SLOTS (1: CPU machines run one
+# extraction/training task at a time), AIRFLOW_START_TIMEOUT (180 s for the DAG to be parsed).
+# docker-compose.yml runs the same DAG folder with the same executor default against Postgres.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DAG_ID=uniter_pretraining
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$REPO/airflow_home}"
+PORT="${AIRFLOW_PORT:-8080}"
+GPU_SLOTS="${AIRFLOW_GPU_SLOTS:-1}"
+START_TIMEOUT="${AIRFLOW_START_TIMEOUT:-180}"
+PIDS="$AIRFLOW_HOME/pids"
+LOGS="$AIRFLOW_HOME/logs"
+PROCS=(api-server scheduler dag-processor)
+
+mkdir -p "$AIRFLOW_HOME" "$PIDS" "$LOGS"
+# the venv's bin first: tasks run `python -m pipeline ...` and the executor starts `airflow` itself
+if [[ -x "$REPO/.venv/bin/airflow" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi
+
+# One JWT secret shared by the api-server and the task processes, kept out of the repo.
+if [[ ! -s "$AIRFLOW_HOME/jwt_secret" ]]; then
+  (umask 077 && python -c 'import secrets; print(secrets.token_urlsafe(48))' > "$AIRFLOW_HOME/jwt_secret")
+fi
+export AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$AIRFLOW_HOME/jwt_secret")"
+export AIRFLOW__CORE__DAGS_FOLDER="$REPO/dags"
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-2}"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-sqlite:///$AIRFLOW_HOME/airflow.db}"
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__PORT="$PORT"
+export AIRFLOW__API__BASE_URL="http://127.0.0.1:$PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
+# local only (bound to 127.0.0.1): no login for the UI
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-10}"
+export AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK=False
+export DVC_NO_ANALYTICS=1 DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}" HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$REPO/.cache/torch_extensions}"
+
+running() { [[ -s "$PIDS/$1.pid" ]] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+
+start_proc() {
+  local name="$1"; shift
+  if running "$name"; then echo "$name already running (pid $(cat "$PIDS/$name.pid"))"; return; fi
+  # its own session, so `stop` ends the whole process group (gunicorn/uvicorn and executor workers)
+  setsid airflow "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$PIDS/$name.pid"
+  echo "started $name (pid $!, log $LOGS/$name.log)"
+}
+
+cmd_start() {
+  cd "$REPO"
+  airflow db migrate >>"$LOGS/db-migrate.log" 2>&1
+  airflow pools set gpu "$GPU_SLOTS" "extraction and training tasks (one per accelerator)" >/dev/null
+  start_proc api-server api-server -H 127.0.0.1 -p "$PORT"
+  start_proc scheduler scheduler --skip-serve-logs
+  start_proc dag-processor dag-processor
+  local deadline=$((SECONDS + START_TIMEOUT))
+  # new DAGs start paused: wait until the dag-processor has stored it, then unpause it
+  until airflow dags list -o plain 2>/dev/null | grep -qw "$DAG_ID"; do
+    for p in "${PROCS[@]}"; do
+      running "$p" || { echo "$p exited; see $LOGS/$p.log" >&2; tail -20 "$LOGS/$p.log" >&2; exit 1; }
+    done
+    (( SECONDS < deadline )) || { echo "$DAG_ID was not parsed within ${START_TIMEOUT}s" >&2; exit 1; }
+    sleep 3
+  done
+  airflow dags unpause "$DAG_ID" >/dev/null
+  until python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/api/v2/monitor/health', timeout=3)" 2>/dev/null; do
+    (( SECONDS < deadline )) || { echo "api-server not healthy within ${START_TIMEOUT}s" >&2; exit 1; }
+    sleep 2
+  done
+  echo "Airflow is up: http://127.0.0.1:$PORT ($DAG_ID unpaused, AIRFLOW_HOME=$AIRFLOW_HOME)"
+}
+
+cmd_stop() {
+  for name in "${PROCS[@]}"; do
+    if running "$name"; then
+      local pid; pid="$(cat "$PIDS/$name.pid")"
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      echo "stopped $name"
+    fi
+    rm -f "$PIDS/$name.pid"
+  done
+}
+
+cmd_trigger() {
+  local conf="${1:-}" run_id="${2:-manual__$(date -u +%Y%m%dT%H%M%S)}"
+  [[ -n "$conf" ]] || conf='{}'
+  airflow dags trigger "$DAG_ID" --conf "$conf" --run-id "$run_id" >/dev/null
+  echo "$run_id"
+}
+
+run_state() {
+  airflow dags list-runs "$DAG_ID" -o json 2>/dev/null | python -c "
+import json, sys
+runs = json.load(sys.stdin)
+print(next((r['state'] for r in runs if r['run_id'] == sys.argv[1]), 'unknown'))" "$1"
+}
+
+cmd_wait() {
+  local run_id="$1" timeout="${2:-3600}" deadline state
+  deadline=$((SECONDS + timeout))
+  while (( SECONDS < deadline )); do
+    state="$(run_state "$run_id")"
+    case "$state" in
+      success) echo "$run_id: success"; return 0 ;;
+      failed) echo "$run_id: failed (task logs under $LOGS)" >&2; return 1 ;;
+    esac
+    sleep 10
+  done
+  echo "$run_id: still $state after ${timeout}s" >&2
+  return 1
+}
+
+cmd_status() {
+  for name in "${PROCS[@]}"; do
+    if running "$name"; then echo "$name: running (pid $(cat "$PIDS/$name.pid"))"; else echo "$name: stopped"; fi
+  done
+  airflow dags list-runs "$DAG_ID" 2>/dev/null | tail -n 5 || true
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  trigger) shift; cmd_trigger "$@" ;;
+  wait) shift; cmd_wait "$@" ;;
+  status) cmd_status ;;
+  env) env | grep -E '^(AIRFLOW|PATH=)' | sort ;;
+  *) echo "usage: $0 start|stop|trigger [CONF [RUN_ID]]|wait RUN_ID [TIMEOUT_S]|status|env" >&2; exit 2 ;;
+esac

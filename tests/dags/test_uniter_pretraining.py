@@ -1,0 +1,208 @@
+"""The ``uniter_pretraining`` DAG: it imports, its tasks and mapping are wired as DESIGN.md §10
+says, its Params refuse bad confs, and a conf becomes a run directory whose params drive a real
+stage. The scheduler-driven run is in test_airflow_scheduler.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+import _uniter_runs as runs  # tests/dags/conftest.py puts dags/ on sys.path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())
+CHAIN = ["prepare", "mini_world", "ingest", "decontaminate", "extract", "build_dbs", "pretrain", "pretrain_vcr",
+         "finetune", "results", "record"]
+GPU_TASKS = {"train_detector", "extract", "pretrain", "pretrain_vcr", "finetune"}
+MAPPED = {"ingest": "dataset", "extract": "image_source", "finetune": "finetune_task"}
+
+
+@cache
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def the_dag():
+    return dagbag().dags["uniter_pretraining"]
+
+
+def test_dag_folder_imports_cleanly_and_holds_only_the_dag():
+    bag = dagbag()
+    assert bag.import_errors == {}
+    assert set(bag.dags) == {"uniter_pretraining"}
+    # the helper is not a DAG file: .airflowignore keeps the dag-processor from parsing it
+    assert [Path(f).name for f in bag.file_last_changed] == ["uniter_pretraining.py"]
+
+
+def test_tasks_run_in_stage_order():
+    dag = the_dag()
+    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "datasets", "image_sources", "tasks"}
+    for before, after in zip(CHAIN, CHAIN[1:]):
+        assert before in dag.get_task(after).get_flat_relative_ids(upstream=True), f"{before} must precede {after}"
+    extract_upstream = dag.get_task("extract").get_flat_relative_ids(upstream=True)
+    assert {"train_detector", "image_sources"} <= extract_upstream
+    assert "mini_world" in dag.get_task("train_detector").upstream_task_ids
+
+
+def test_stages_map_over_datasets_sources_and_tasks():
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    dag = the_dag()
+    for task_id, arg in MAPPED.items():
+        task = dag.get_task(task_id)
+        assert isinstance(task, MappedOperator), f"{task_id} is not mapped"
+        assert set(task._get_specified_expand_input().value) == {arg}
+    unmapped = set(dag.task_ids) - set(MAPPED)
+    assert not any(isinstance(dag.get_task(t), MappedOperator) for t in unmapped)
+
+
+def test_extraction_and_training_use_the_gpu_pool_and_retry():
+    dag = the_dag()
+    for task in dag.tasks:
+        assert task.pool == ("gpu" if task.task_id in GPU_TASKS else "default_pool"), task.task_id
+        # every stage task retries (stages are idempotent); a conf error does not
+        assert task.retries == (0 if task.task_id == "prepare" else 2), task.task_id
+
+
+def test_param_defaults_are_params_yaml_and_validate():
+    dag = the_dag()
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    values = dag.params.validate()
+    assert values["seed"] == raw["seed"]
+    assert values["model_preset"] == raw["model"]["preset"]
+    assert values["task_mix"] == raw["pretrain"]["mix_ratio"]
+    assert values["finetune_tasks"] == raw["finetune"]["tasks"]
+
+
+@pytest.mark.parametrize("conf", [
+    {"model_preset": "huge"},
+    {"task_mix": {"mlm": -1.0}},
+    {"task_mix": {"mlm": 1.0, "vqa": 1.0}},
+    {"pretrain_data": "everything"},
+    {"masking": "random"},
+    {"pretrain_steps": 0},
+    {"seed": "one"},
+    {"run_name": "../escape"},
+    {"run_name": "has space"},
+    {"finetune_tasks": ["vqa", "coco_captioning"]},
+    {"finetune_tasks": []},
+    {"overrides": {"Not A Key": 1}},
+])
+def test_params_schema_rejects_a_bad_conf(conf):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(the_dag().params)
+    with pytest.raises(ParamValidationError):
+        for key, value in conf.items():
+            params[key] = value
+        params.validate()
+
+
+def test_a_good_conf_validates():
+    params = copy.deepcopy(the_dag().params)
+    for key, value in {"run_name": "abl-joint_1", "masking": "joint", "model_preset": "tiny", "seed": 7,
+                       "task_mix": {"mlm": 1.0, "itm": 1.0}, "finetune_tasks": ["vqa"], "finetune_steps": 5,
+                       "overrides": TINY}.items():
+        params[key] = value
+    assert params.validate()["overrides"] == TINY
+
+
+# ---------------------------------------------------------------------------------------------
+# conf -> run directory -> stage
+
+
+def make_repo(tmp_path: Path) -> Path:
+    """A repo root holding only params.yaml, with runs/ below it (prepare_run writes nothing else)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    return root
+
+
+def test_conf_becomes_the_run_params_with_every_artifact_inside_the_run(tmp_path):
+    from pipeline.config import load_params
+
+    root = make_repo(tmp_path)
+    conf = {"run_name": "r1", "masking": "joint", "seed": 9, "model_preset": "tiny", "task_mix": {"mlm": 1.0},
+            "finetune_tasks": ["vqa", "vcr"], "finetune_steps": 4, "overrides": {"pretrain.steps": 3}}
+    run = runs.prepare_run(conf, "manual__x", repo_root=root)
+    assert run["run_dir"] == "runs/r1" and run["params"] == "runs/r1/params.yaml"
+    assert run["tasks"] == ["vqa", "vcr"] and run["world"] == "mini"
+    params = load_params(root / run["params"], check_paths=False)
+    assert params.pretrain.masking == "joint" and params.seed == 9 and params.model.preset == "tiny"
+    assert dict(params.pretrain.mix_ratio) == {"mlm": 1.0} and params.pretrain.steps == 3
+    assert params.finetune.per_task["vqa"].steps == 4 and params.finetune.per_task["vcr"].steps == 4
+    assert params.finetune.per_task["nlvr2"].steps == 300  # not a chosen task: untouched
+    assert str(params.paths.data) == "runs/r1/data"
+    assert str(params.mini_world.out_dir) == "runs/r1/data/raw/mini"
+    assert str(params.sources.coco.karpathy) == "runs/r1/data/raw/mini/coco/karpathy/dataset_coco.json"
+    assert str(params.sources.refcoco.refs) == "runs/r1/data/raw/mini/refcoco+/refs(unc).p"
+    assert json.loads((root / "runs/r1/conf.json").read_text()) == conf
+    # a retry of `prepare` with the same conf is a no-op; another conf under the same name is refused
+    assert runs.prepare_run(conf, "manual__x", repo_root=root) == run
+    with pytest.raises(runs.RunConflict):
+        runs.prepare_run({**conf, "seed": 10}, "manual__x", repo_root=root)
+
+
+def test_real_world_sources_stay_where_they_are():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["world"] = "real"
+    raw["sources"]["cc"]["train_tsv"] = "/datasets/cc/Train_GCC-training.tsv"
+    runs.relocate(raw, "runs/r2/data")
+    assert raw["paths"]["data"] == "runs/r2/data"
+    assert raw["sources"]["cc"]["train_tsv"] == "/datasets/cc/Train_GCC-training.tsv"
+    assert raw["sources"]["coco"]["karpathy"] == "data/raw/mini/coco/karpathy/dataset_coco.json"
+
+
+def test_run_name_defaults_to_the_airflow_run_id():
+    assert runs.run_name_for({}, "manual__2026-01-02T03:04:05+00:00") == "manual__2026-01-02T03-04-05-00-00"
+    assert runs.run_name_for({"run_name": "mine"}, "manual__x") == "mine"
+
+
+def test_a_misspelled_override_fails_in_prepare_naming_the_key(tmp_path):
+    from pipeline.config import ParamsError
+
+    with pytest.raises(ParamsError, match="pretrain.stepz"):
+        runs.prepare_run({"run_name": "bad", "overrides": {"pretrain.stepz": 3}}, "m", repo_root=make_repo(tmp_path))
+
+
+def test_a_task_runs_the_same_stage_command_as_dvc():
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    cmd = runs.stage_command("extract", "coco", "runs/r/params.yaml")
+    assert cmd[0] == sys.executable
+    assert " ".join(cmd[1:]) == dvc["extract"]["do"]["cmd"].replace("python ", "").replace("${key}", "coco") \
+        + " --params runs/r/params.yaml"
+
+
+def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path):
+    """The mini_world stage through the task helper, in a tiny run dir: its log lines reach the task
+    log, the world lands inside the run, and outputs.json holds its digest."""
+    from pipeline.runinfo import tree_digest
+
+    root = make_repo(tmp_path)
+    runs_dir = tmp_path / "runs"
+    run = runs.prepare_run({"run_name": "tiny", "overrides": {**TINY, "paths.runs": str(runs_dir)}}, "m",
+                           repo_root=root)
+    lines: list[str] = []
+    runs.run_stage("mini_world", None, str(runs_dir / "tiny/params.yaml"), emit=lines.append)
+    assert lines[0].startswith("$ ") and any("mini_world finished" in line for line in lines)
+    world = runs_dir / "tiny/data/raw/mini"
+    assert (world / "planted.json").is_file()
+    record = runs.record_outputs(run, repo_root=root)
+    assert record["outputs"] == {"data/raw/mini": tree_digest(world)}
+    assert json.loads((runs_dir / "tiny/outputs.json").read_text()) == record
+
+
+def test_a_failing_stage_fails_the_task_with_its_last_lines(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text((REPO / "params.yaml").read_text() + "\nunknown_section: 1\n")
+    with pytest.raises(runs.StageFailed, match="unknown_section"):
+        runs.run_stage("mini_world", None, str(bad), emit=lambda line: None)
