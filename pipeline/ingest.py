@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.image_io import probe_image_detail
-from pipeline.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
+from pipeline.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.runinfo import RunRecord
 from pipeline.sources import load_reader
 from pipeline.sources.records import (
@@ -165,7 +165,7 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                                    chunk_rows=cfg.chunk_rows)
     rejects = ParquetStreamWriter(out_dir / f"{dataset}.rejects.parquet", REJECT_SCHEMA, chunk_rows=cfg.chunk_rows)
     try:
-        for batch in _batches(reader.read(ctx), cfg.chunk_rows):
+        for batch in _batches(reader.read(ctx), min(cfg.chunk_rows, BATCH_ROWS)):
             rows_in += len(batch)
             rows = [item for item in batch if isinstance(item, Row)]
             keys = np.fromiter((r.key if r.key is not None else id_hash(r.values["example_id"]) for r in rows),

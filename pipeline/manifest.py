@@ -39,6 +39,7 @@ REJECT_SCHEMA = pa.schema([
 ])
 
 COMPRESSION = "zstd"
+BATCH_ROWS = 8192  # rows held as Python objects before they become an Arrow record batch
 
 
 def manifest_schema(extra: Sequence[pa.Field]) -> pa.Schema:
@@ -53,6 +54,10 @@ def manifest_schema(extra: Sequence[pa.Field]) -> pa.Schema:
 class ParquetStreamWriter:
     """Append rows (mappings with every schema column), flushed as row groups, committed atomically.
 
+    Rows are converted to Arrow record batches every :data:`BATCH_ROWS` rows (compact, no Python
+    objects), and the batches are written as one row group once ``chunk_rows`` rows have gathered,
+    so memory is bounded by one row group of Arrow data whatever the input size.
+
     Use as a context manager: a clean exit renames the temporary file onto ``path``; an exception
     deletes it and leaves whatever was at ``path`` before untouched.
     """
@@ -66,6 +71,9 @@ class ParquetStreamWriter:
         self.rows_written = 0
         self._getter = operator.itemgetter(*schema.names)
         self._pending: list[tuple] = []
+        self._batches: list[pa.RecordBatch] = []
+        self._batched_rows = 0
+        self._batch_rows = min(chunk_rows, BATCH_ROWS)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         os.close(fd)
@@ -80,24 +88,37 @@ class ParquetStreamWriter:
         except KeyError as err:
             raise KeyError(f"{self.path.name}: row lacks column {err}") from None
         self._pending.append(values if len(self.schema) > 1 else (values,))
-        if len(self._pending) >= self.chunk_rows:
-            self.flush()
+        if len(self._pending) >= self._batch_rows:
+            self._to_batch()
+            if self._batched_rows >= self.chunk_rows:
+                self.flush()
 
-    def flush(self) -> None:
-        if not self._pending or self._writer is None:
+    def _to_batch(self) -> None:
+        """Pending Python rows -> one Arrow record batch (checked against the schema)."""
+        if not self._pending:
             return
-        columns = list(zip(*self._pending))
         arrays = []
-        for fld, values in zip(self.schema, columns):
+        for fld, values in zip(self.schema, zip(*self._pending)):
             try:
                 arrays.append(pa.array(values, type=fld.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as err:
                 raise ValueError(f"{self.path.name}: column {fld.name!r} cannot hold its values ({err})") from None
             if not fld.nullable and arrays[-1].null_count:
                 raise ValueError(f"{self.path.name}: column {fld.name!r} must not be null")
-        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-        self.rows_written += len(self._pending)
+        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self._batched_rows += len(self._pending)
         self._pending.clear()
+
+    def flush(self) -> None:
+        """Write everything appended so far as one row group."""
+        self._to_batch()
+        if not self._batches or self._writer is None:
+            return
+        table = pa.Table.from_batches(self._batches, schema=self.schema)
+        self._writer.write_table(table, row_group_size=max(len(table), 1))
+        self.rows_written += len(table)
+        self._batches.clear()
+        self._batched_rows = 0
 
     def commit(self) -> int:
         """Write what is pending, close, and move the file to ``path``; returns the row count."""

@@ -13,9 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.sources.records import (
-    MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines,
-)
+from pipeline.sources.records import MALFORMED_ROW, NON_UTF8, URL_RE, ReadContext, Reject, Row, check_url, iter_lines
 
 DATASET = "cc"
 IMAGE_SOURCE = "cc"
@@ -40,12 +38,17 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
 
 
 def read_tsv(path: Path, split: str, image_root: Path, ctx: ReadContext) -> Iterator[Row | Reject]:
-    """One CC TSV file: yields a Row or a Reject for each line (locator ``line N``, 1-based)."""
+    """One CC TSV file: yields a Row or a Reject for each line (locator ``line N``, 1-based).
+
+    The common case (a valid line) takes an inlined fast path: this loop runs 3.3M times.
+    """
     source, root = str(path), str(image_root)
-    check_text = ctx.check_text
+    min_chars, max_chars = max(1, ctx.min_text_chars), ctx.max_text_chars
+    url_match, sha1 = URL_RE.match, hashlib.sha1
     for lineno, line in iter_lines(path, ctx, f"cc {split}"):
-        text = decode_line(line)
-        if text is None:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
             yield Reject(NON_UTF8, "line is not valid UTF-8", line, source, f"line {lineno}")
             continue
         fields = text.split("\t")
@@ -54,14 +57,14 @@ def read_tsv(path: Path, split: str, image_root: Path, ctx: ReadContext) -> Iter
             yield Reject(MALFORMED_ROW, detail, line, source, f"line {lineno}")
             continue
         caption, url = fields[0].strip(), fields[1].strip()
-        problem = check_text(caption, "caption") or check_url(url, "url")
-        if problem:
+        if not min_chars <= len(caption) <= max_chars or url_match(url) is None:
+            problem = ctx.check_text(caption, "caption") or check_url(url, "url")
             yield Reject(problem[0], problem[1], line, source, f"line {lineno}")
             continue
-        digest = url_key(url)
+        digest = sha1(url.encode("utf-8")).hexdigest()
         image_path = f"{root}/{digest}.jpg"
         values = {
-            "example_id": f"cc:{digest}", "split": split, "image_source": IMAGE_SOURCE, "image_id": digest,
-            "image_path": image_path, "url": url, "text": caption,
+            "example_id": f"cc:{digest}", "split": split, "image_source": IMAGE_SOURCE,
+            "image_id": digest, "image_path": image_path, "url": url, "text": caption,
         }
         yield Row(values, line, source, f"line {lineno}", (image_path,), key=int(digest[:16], 16))

@@ -200,15 +200,13 @@ def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
 def iter_lines(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line bytes without the line ending) of a file, with a byte progress bar."""
     path = Path(path)
-    size = path.stat().st_size
-    with path.open("rb") as fh, ctx.bar(total=size, unit="B", unit_scale=True, desc=desc) as bar:
-        done = 0
+    with path.open("rb") as fh, ctx.bar(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc) as bar:
+        lineno = 0
         for lineno, line in enumerate(fh, 1):
-            done += len(line)
-            if lineno % 65536 == 0:
-                bar.update(done - bar.n)
+            if not lineno & 0xFFFF:
+                bar.update(fh.tell() - bar.n)
             yield lineno, line.rstrip(b"\r\n")
-        bar.update(done - bar.n)
+        bar.update(fh.tell() - bar.n)
 
 
 def decode_line(line: bytes) -> str | None:
