@@ -6,6 +6,7 @@ tensor) and ``metrics`` (dict of floats, with ``n_tokens`` / ``n_regions`` / ``n
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ class LoopResult:
     final_step: int
     last_val: dict[str, float]
     last_train: dict[str, float]
+    task_digest: str  # chained sha256 over the tasks this rank actually ran, steps 1..final_step
+
+
+def chain_task(digest: str, task: str) -> str:
+    """Extend the running digest of the task sequence by one step's task."""
+    return hashlib.sha256(f"{digest}:{task}".encode()).hexdigest()
 
 
 def batch_units(batch: Mapping[str, Any]) -> int:
@@ -84,7 +91,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     if missing:
         raise ValueError(f"no batch stream for scheduled task(s) {sorted(missing)}")
     means = RunningMeans()
-    start = 0
+    start, task_digest = 0, ""
     if resume_step is not None:
         state = checkpointer.load(engine, resume_step)
         for task, stream_state in state["streams"].items():
@@ -92,7 +99,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
                 streams[task].load_state_dict(stream_state)
         means.load_state_dict(state["means"])
         restore_rng(state["rng"])
-        start = resume_step
+        start, task_digest = resume_step, state["task_digest"]
         log.info("resumed from step %d", start)
 
     def prepare(batch: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +113,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     interval_tokens, interval_start = 0, time.perf_counter()
     for step in range(start + 1, s.total_steps + 1):
         task = schedule.task_at(step)
+        task_digest = chain_task(task_digest, task)
         lr = current_lr(engine)
         for _ in range(s.grad_accum):
             batch = streams[task].next_batch()
@@ -137,8 +145,10 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
                 "step": step,
                 "streams": {t: st.state_dict() for t, st in streams.items()},
                 "means": means.state_dict(),
+                "task_digest": task_digest,
                 "rng": capture_rng(),
             })
         interval_start += time.perf_counter() - paused  # validation and saving are not training time
     bar.close()
-    return LoopResult(start_step=start, final_step=s.total_steps, last_val=last_val, last_train=last_train)
+    return LoopResult(start_step=start, final_step=s.total_steps, last_val=last_val, last_train=last_train,
+                      task_digest=task_digest)

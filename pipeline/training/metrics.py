@@ -35,13 +35,12 @@ class RunningMeans:
         self.weights: dict[str, float] = {}
 
     def add(self, prefix: str, loss: float, metrics: Mapping[str, float]) -> None:
-        """One batch of task ``prefix``: its loss (weight 1) and its metrics (weighted by their count)."""
+        """One batch of task ``prefix``: its loss (weight 1) and its metrics (weighted by their count;
+        a metrics entry named ``loss`` is the same loss and is not counted twice)."""
         self._add(f"{prefix}/loss", loss, 1.0)
         w = _weight(metrics)
         for key, value in metrics.items():
-            if key in COUNT_KEYS:
-                self._add(f"{prefix}/{key}", float(value), 1.0)
-            else:
+            if key not in COUNT_KEYS and key != "loss":  # counts are weights; the loss is logged above
                 self._add(f"{prefix}/{key}", float(value), w)
 
     def add_value(self, name: str, value: float, weight: float = 1.0) -> None:
@@ -139,4 +138,4 @@ def evaluate(forward: Callable[[dict[str, Any], str], Any], batches: Mapping[str
                 means.add(f"{prefix}/{task}", float(out.loss), out.metrics)
     finally:
         module.train(was_training)
-    return {k: v for k, v in means.reduce().items() if k.rsplit("/", 1)[-1] not in COUNT_KEYS}
+    return means.reduce()

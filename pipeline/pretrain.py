@@ -1,0 +1,328 @@
+"""Stages ``pretrain`` and ``pretrain_vcr``: UNITER pretraining on a DeepSpeed engine.
+
+``pretrain`` reads the pretraining text DBs (``data/db/txt/pretrain_{indomain,outdomain}_{train,val}``
+by ``pretrain.datasets``) and the image DBs they name; ``pretrain_vcr`` starts from the first
+stage's export and reads the VCR text (Q→A from ``vcr_qa_<split>``, QA→R from
+``pretrain_vcr_<split>``: two datasets) with MLM + MRFR + MRC-kl, no ITM. Each writes
+
+- ``data/models/<name>/``: ``model.safetensors`` (consolidated fp32), ``model_config.json``,
+  ``eval.json`` (held-out metrics before and after pretraining), ``_run.json``;
+- ``data/metrics/<name>/``: dvclive (``metrics.json``, ``plots/metrics/{train,val}/**.tsv``);
+- ``data/checkpoints/<name>/`` while it runs: a killed run resumes there; removed at the end.
+
+``<name>`` is ``pretrain.out_name`` (``pretrain``), ``<out_name>_vcr`` for the second stage.
+With ``pretrain.world_size > 1`` or a hostfile, the stage re-launches itself on every rank
+through the ``deepspeed`` launcher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from pipeline.config import Params, dump_params, to_dict
+from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
+from pipeline.training.launch import DistInfo, in_launched_worker, launch_workers, process_group
+
+log = logging.getLogger(__name__)
+
+FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage
+FIRST_STAGE_EVAL = ("itm", "mlm", "mrc_kl")  # always measured: the baseline and masking comparisons need them
+DOMAINS = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
+BASELINE_FILE = "baseline.json"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What one stage trains on and where it writes (resolved from params)."""
+
+    stage: str
+    name: str
+    out_dir: Path
+    metrics_dir: Path
+    ckpt_dir: Path
+    train_sources: tuple[Any, ...]
+    val_sources: tuple[Any, ...]
+    img_root: Path
+    mix_ratio: Mapping[str, float]
+    eval_tasks: tuple[str, ...]
+    steps: int
+    lr: float
+    warmup_steps: int
+    init_from: Path | None  # VCR: the first stage's export directory
+
+
+def plan_stage(params: Params, stage: str) -> StagePlan:
+    from pipeline.training.data import TextSource
+
+    cfg, data = params.pretrain, Path(params.paths.data)
+    txt = data / "db" / "txt"
+    if stage == "pretrain":
+        name = cfg.out_name
+        domains = DOMAINS[cfg.datasets]
+        train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
+        val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
+        mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
+        eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | {t for t, r in mix.items() if r > 0}))
+    elif stage == "pretrain_vcr":
+        name = f"{cfg.out_name}_vcr"
+        view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("pretrain_vcr", "plain")}
+        bad = [v for v in cfg.vcr.views if v not in view_dbs]
+        if bad or not cfg.vcr.views:
+            raise ValueError(f"pretrain.vcr.views: expected a non-empty subset of {sorted(view_dbs)}, got {list(cfg.vcr.views)}")
+        train = tuple(TextSource(txt / f"{view_dbs[v][0]}_train", view_dbs[v][1]) for v in cfg.vcr.views)
+        val = tuple(TextSource(txt / f"{view_dbs[v][0]}_val", view_dbs[v][1]) for v in cfg.vcr.views)
+        mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
+        init = data / "models" / cfg.out_name
+        eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
+    else:
+        raise ValueError(f"unknown pretraining stage {stage!r}")
+    return StagePlan(stage=stage, name=name, out_dir=data / "models" / name, metrics_dir=data / "metrics" / name,
+                     ckpt_dir=data / "checkpoints" / name, train_sources=train, val_sources=val,
+                     img_root=data / "db" / "img", mix_ratio=dict(mix), eval_tasks=eval_tasks, steps=steps, lr=lr,
+                     warmup_steps=warmup, init_from=init)
+
+
+def check_params(params: Params, plan: StagePlan) -> None:
+    """Reject settings the stage cannot run with, naming the params key."""
+    cfg = params.pretrain
+    allowed = FIRST_STAGE_TASKS if plan.stage == "pretrain" else VCR_TASKS
+    key = "pretrain.mix_ratio" if plan.stage == "pretrain" else "pretrain.vcr.mix_ratio"
+    unknown = sorted(set(plan.mix_ratio) - set(allowed))
+    if unknown:
+        raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
+    if not any(r > 0 for r in plan.mix_ratio.values()):
+        raise ValueError(f"{key}: at least one task needs a ratio > 0")
+    checks = [
+        (plan.steps >= 1, "steps must be >= 1"), (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
+        (cfg.optim.grad_accum >= 1, "pretrain.optim.grad_accum must be >= 1"),
+        (cfg.zero_stage in (0, 1, 2, 3), "pretrain.zero_stage must be 0, 1, 2 or 3"),
+        (cfg.world_size >= 1, "pretrain.world_size must be >= 1"),
+        (cfg.keep_checkpoints >= 1, "pretrain.keep_checkpoints must be >= 1"),
+        (cfg.log_every >= 1, "pretrain.log_every must be >= 1"),
+        (min(cfg.val_every, cfg.checkpoint_every, cfg.val_batches, cfg.num_workers) >= 0,
+         "pretrain.val_every, checkpoint_every, val_batches and num_workers must be >= 0"),
+        (0 < cfg.mask_prob < 1 and 0 <= cfg.itm_neg_prob <= 1, "pretrain.mask_prob in (0, 1), itm_neg_prob in [0, 1]"),
+        (cfg.hostfile is None or Path(cfg.hostfile).exists(), f"pretrain.hostfile {cfg.hostfile} does not exist"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def run(params: Params) -> None:
+    """Stage ``pretrain``: first-stage pretraining."""
+    _run(params, plan_stage(params, "pretrain"))
+
+
+def run_vcr(params: Params) -> None:
+    """Stage ``pretrain_vcr``: second-stage pretraining on VCR text, from the first stage's export."""
+    _run(params, plan_stage(params, "pretrain_vcr"))
+
+
+def _run(params: Params, plan: StagePlan) -> None:
+    check_params(params, plan)
+    cfg = params.pretrain
+    if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
+        train_rank(params, plan)
+        return
+    # Every rank re-reads exactly these params (written beside, not inside, the checkpoint dir,
+    # which rank 0 may clear while slower ranks are still starting).
+    params_file = plan.ckpt_dir.parent / f"{plan.name}.launch_params.yaml"
+    dump_params(params, params_file)
+    launch_workers(stage=plan.stage, params_file=params_file, world_size=cfg.world_size, hostfile=cfg.hostfile,
+                   master_port=cfg.master_port)
+    params_file.unlink(missing_ok=True)
+
+
+def _db_fingerprint(path: Path) -> str:
+    """Cheap identity of a DB (no hashing of the LMDB itself): its meta, build record and size."""
+    h = hashlib.sha256()
+    for name in ("meta.json", "_run.json"):
+        f = path / name
+        if f.exists():
+            record = json.loads(f.read_text())
+            record.pop("wall_time_s", None)
+            h.update(json.dumps(record, sort_keys=True).encode())
+    mdb = path / "data.mdb"
+    h.update(str(mdb.stat().st_size if mdb.exists() else -1).encode())
+    return h.hexdigest()
+
+
+def _fingerprint(params: Params, plan: StagePlan, world_size: int, img_names: list[str]) -> dict[str, Any]:
+    inputs = {str(s.path): _db_fingerprint(s.path) for s in plan.train_sources}
+    inputs.update({n: _db_fingerprint(plan.img_root / n) for n in img_names})
+    if plan.init_from is not None:
+        inputs["init"] = file_digest(plan.init_from / "model.safetensors")
+    return {"stage": plan.stage, "params": params.section_digest("seed", "model", "pretrain"),
+            "world_size": world_size, "inputs": inputs}
+
+
+def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = obj if isinstance(obj, (int, float, str, bool)) or obj is None else str(obj)
+    return out
+
+
+def _by_task(metrics: Mapping[str, float], prefix: str) -> dict[str, dict[str, float]]:
+    """``{"val/mlm/mlm_acc": x}`` -> ``{"mlm": {"mlm_acc": x}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        head, task, metric = key.split("/", 2)
+        if head == prefix:
+            out.setdefault(task, {})[metric] = value
+    return {t: dict(sorted(m.items())) for t, m in sorted(out.items())}
+
+
+def _baseline(engine, val, prepare, plan: StagePlan, dist: DistInfo, resume: int | None) -> dict[str, float]:
+    """Held-out metrics of the model before this stage trained it (computed once, kept with the checkpoints)."""
+    from pipeline.training.metrics import evaluate
+
+    path = plan.ckpt_dir / BASELINE_FILE
+    if resume is not None and path.exists():
+        return json.loads(path.read_text())
+    metrics = evaluate(engine, val, prepare=prepare, module=engine.module)
+    if dist.is_main:
+        atomic_write_json(path, metrics)
+    return metrics
+
+
+def train_rank(params: Params, plan: StagePlan) -> None:
+    """Train this rank (one of ``world_size``); rank 0 writes the metrics and the outputs."""
+    from pipeline.training.checkpointing import Checkpointer
+    from pipeline.training.data import held_out_batches, open_sources, train_streams
+    from pipeline.training.engine import EngineSettings, cast_batch, initialize, resolve_device, resolve_precision
+    from pipeline.training.loop import LoopSettings, train
+    from pipeline.training.metrics import MetricsLogger, evaluate
+    from pipeline.training.task_mix import TaskSchedule
+
+    cfg, started = params.pretrain, time.time()
+    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with process_group(device.type) as dist:
+        precision = resolve_precision(cfg.precision, device)
+        train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
+        val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
+        txt_meta = train_dbs[0].meta
+        model, spec = _build_model(params, plan, txt_meta, img_dbs)
+        schedule = TaskSchedule(plan.mix_ratio, seed=params.seed)
+        streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=cfg.masking,
+                                mask_prob=cfg.mask_prob, itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
+                                rank=dist.rank, world_size=dist.world_size, num_workers=cfg.num_workers)
+        val = held_out_batches(val_dbs, val_img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=cfg.mask_prob,
+                               itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
+                               n_batches=cfg.val_batches, rank=dist.rank, world_size=dist.world_size)
+        torch.manual_seed(params.seed * 1000 + dist.rank)  # this rank's dropout stream
+        settings = EngineSettings(device=device, precision=precision, world_size=dist.world_size,
+                                  zero_stage=cfg.zero_stage, grad_accum=cfg.optim.grad_accum,
+                                  grad_clip=cfg.optim.grad_clip, lr=plan.lr, betas=tuple(cfg.optim.betas),
+                                  weight_decay=cfg.optim.weight_decay, warmup_steps=plan.warmup_steps,
+                                  total_steps=plan.steps)
+        engine = initialize(model, settings)
+        ckpt = Checkpointer(plan.ckpt_dir, fingerprint=_fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs)),
+                            keep=cfg.keep_checkpoints, dist=dist)
+        resume = ckpt.prepare()
+
+        def prepare(batch: dict[str, Any]) -> dict[str, Any]:
+            return cast_batch(batch, device, precision)
+
+        baseline = _baseline(engine, val, prepare, plan, dist, resume) if cfg.val_batches else {}
+        logger = MetricsLogger(plan.metrics_dir, enabled=dist.is_main, resume_step=resume,
+                               params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg)}, {}))
+        try:
+            result = train(engine, schedule=schedule, streams=streams, checkpointer=ckpt, logger=logger,
+                           val_batches=val if cfg.val_batches else {}, dist=dist, resume_step=resume,
+                           settings=LoopSettings(total_steps=plan.steps, grad_accum=cfg.optim.grad_accum,
+                                                 log_every=cfg.log_every, val_every=cfg.val_every,
+                                                 checkpoint_every=cfg.checkpoint_every, device=device,
+                                                 precision=precision, desc=plan.stage))
+        finally:
+            logger.close()
+        text_only = {}
+        if val.get("mlm"):
+            def without_image(batch: dict[str, Any]) -> dict[str, Any]:
+                return prepare({**batch, "img_mask": torch.zeros_like(batch["img_mask"])})
+
+            text_only = evaluate(engine, {"mlm": val["mlm"]}, prepare=without_image, module=engine.module,
+                                 prefix="val_text_only")
+        _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
+                started)
+
+
+def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], img_dbs):
+    from pipeline.training.model_io import build_model, model_from_export, spec_from_params
+
+    vocab = int(txt_meta["vocab_size"]) + int(txt_meta.get("obj_tags", {}).get("extra_vocab", 0))
+    if plan.init_from is not None:
+        model, spec = model_from_export(plan.init_from, vocab_size=vocab, img_dim=img_dbs.feature_dim,
+                                        num_classes=img_dbs.num_classes, dropout=params.model.dropout)
+        log.info("%s: starting from %s", plan.stage, plan.init_from)
+        return model, spec
+    cfg = params.pretrain
+    spec = spec_from_params(params.model, vocab_size=vocab, img_dim=img_dbs.feature_dim,
+                            num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0)
+    model = build_model(spec, bert_checkpoint=params.model.bert_checkpoint, init_from_bert=params.model.init_from_bert,
+                        seed=params.seed)
+    return model, spec
+
+
+def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
+            started) -> None:
+    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
+    from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
+
+    import torch.distributed as tdist
+
+    cfg = params.pretrain
+    digests: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(digests, result.task_digest)  # every rank must have run the same tasks
+    if dist.is_main:
+        state = consolidated_state_dict(engine, plan.ckpt_dir, plan.steps, cfg.zero_stage)
+        held_out = {t: {"batches": len(b), "examples": sum(int(x["input_ids"].shape[0]) for x in b)}
+                    for t, b in val.items()}  # rank 0's share; all ranks together: val_batches per task
+        report = {
+            "stage": plan.stage, "steps": plan.steps, "masking": cfg.masking, "wra": cfg.wra,
+            "datasets": cfg.datasets if plan.stage == "pretrain" else list(cfg.vcr.views),
+            "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
+            "held_out_batches_per_task": cfg.val_batches, "held_out_rank0": held_out,
+            "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(result.last_val, "val"),
+            "pretrained_text_only": _by_task(text_only, "val_text_only"),
+        }
+        record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
+        for s in plan.train_sources + plan.val_sources:
+            record.inputs[s.path.name] = s.path
+        if plan.init_from is not None:
+            record.inputs["init"] = plan.init_from / MODEL_FILE
+        record.counts = {"steps": plan.steps, "resumed_from_step": result.start_step,
+                         "task_steps": schedule.counts(plan.steps), "world_size": dist.world_size,
+                         "task_sequence_sha256_by_rank": digests,
+                         "train_examples": {t: len(s.dataset) for t, s in streams.items()},
+                         "parameters": sum(p.numel() for p in engine.module.parameters())}
+        record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
+        with atomic_dir(plan.out_dir) as tmp:
+            save_safetensors(state, tmp / MODEL_FILE, metadata={"format": "pt", "stage": plan.stage})
+            atomic_write_json(tmp / CONFIG_FILE, model_json(spec, txt_meta, stage=plan.stage, steps=plan.steps))
+            atomic_write_json(tmp / "eval.json", report)
+            record.write(tmp)
+    tdist.barrier()
+    if dist.is_main:
+        shutil.rmtree(plan.ckpt_dir, ignore_errors=True)
+        final = report["pretrained"]
+        summary = ", ".join(f"{t} {k}={v:.3f}" for t, m in final.items() for k, v in m.items() if k.endswith("acc"))
+        log.info("%s: %d steps on %d rank(s) in %.0fs (resumed from step %d); held-out %s -> %s", plan.stage,
+                 plan.steps, dist.world_size, time.time() - started, result.start_step, summary or "-", plan.out_dir)

@@ -1,0 +1,91 @@
+"""Pretraining inputs: per-task train streams and fixed held-out batches, from the LMDB stores.
+
+The datasets, sampler and collate are pipeline/pretrain_data.py and pipeline/batching.py; this
+module only decides which text DBs feed which task, seeds them, shards them over ranks and wraps
+them in resumable :class:`BatchStream`s.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pipeline.batching import TokenBucketSampler, collate_pretrain
+from pipeline.pretrain_data import TASKS, PretrainDataset
+from pipeline.stores import ImageDbGroup, TextDb
+from pipeline.training.streams import BatchStream
+from pipeline.training.vcr_views import GoldAnswerView
+
+log = logging.getLogger(__name__)
+
+# separates the held-out RNG streams from the training ones (the same batches in every run)
+VAL_SEED_OFFSET = 7_777
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """One pretraining text dataset: a text DB directory, optionally read through a view."""
+
+    path: Path
+    view: Literal["plain", "gold_answer"] = "plain"
+
+    def open(self) -> TextDb | GoldAnswerView:
+        if not (self.path / "meta.json").exists():
+            raise FileNotFoundError(f"text DB {self.path} not found (run the build_dbs stage first)")
+        db = TextDb(self.path)
+        return GoldAnswerView(db) if self.view == "gold_answer" else db
+
+
+def open_sources(sources: Sequence[TextSource], img_root: Path) -> tuple[list[Any], ImageDbGroup]:
+    """Open the text DBs (or views) and every image DB they reference."""
+    txt_dbs = [s.open() for s in sources]
+    names = sorted({n for db in txt_dbs for n in db.img_db_names})
+    missing = [n for n in names if not (img_root / n / "meta.json").exists()]
+    if missing:
+        raise FileNotFoundError(f"image DB(s) {missing} referenced by {[str(s.path) for s in sources]} "
+                                f"not found under {img_root}")
+    return txt_dbs, ImageDbGroup(img_root, names)
+
+
+def task_seed(seed: int, task: str) -> int:
+    """Each task's sampler shuffles with its own stream of the root seed."""
+    return seed * 31 + TASKS.index(task) + 1
+
+
+def train_streams(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Sequence[str], *, seed: int,
+                  masking: str, mask_prob: float, itm_neg_prob: float, batch_tokens: int, rank: int,
+                  world_size: int, num_workers: int) -> dict[str, BatchStream]:
+    """One endless, resumable stream per task; each rank gets a disjoint share of every epoch."""
+    streams = {}
+    for task in tasks:
+        ds = PretrainDataset(txt_dbs, img_dbs, task=task, seed=seed, masking=masking, mask_prob=mask_prob,
+                             itm_neg_prob=itm_neg_prob)
+        sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=batch_tokens, seed=task_seed(seed, task),
+                                     rank=rank, world_size=world_size, uneven="pad")
+        streams[task] = BatchStream(ds, sampler, collate_pretrain, seed=task_seed(seed, task),
+                                    num_workers=num_workers, name=task)
+        log.info("task %s: %d examples, %d batches per epoch on this rank", task, len(ds),
+                 len(sampler.rank_batches(0)))
+    return streams
+
+
+def held_out_batches(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Sequence[str], *, seed: int,
+                     mask_prob: float, itm_neg_prob: float, batch_tokens: int, n_batches: int, rank: int,
+                     world_size: int) -> dict[str, list[dict[str, Any]]]:
+    """This rank's share of ``n_batches`` fixed held-out batches per task.
+
+    The batches depend only on the val DBs, the seed and the budget, never on the run's masking
+    scheme (always conditional) or world size: two runs (say conditional vs joint masking) are
+    measured on identical inputs. Batch k goes to rank k % world_size.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks:
+        ds = PretrainDataset(txt_dbs, img_dbs, task=task, seed=seed + VAL_SEED_OFFSET, masking="conditional",
+                             mask_prob=mask_prob, itm_neg_prob=itm_neg_prob)
+        sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=batch_tokens,
+                                     seed=task_seed(seed + VAL_SEED_OFFSET, task))
+        chosen = sampler.global_batches(0)[:n_batches]
+        out[task] = [collate_pretrain([ds[i] for i in batch]) for batch in chosen[rank::world_size]]
+    return out

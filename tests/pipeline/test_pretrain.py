@@ -1,0 +1,185 @@
+"""The pretraining stages end to end on small synthetic DBs (build_dbs' test world) with the tiny model.
+
+One process in-process (fast), plus slow tests that run the real CLI: a run killed with SIGKILL
+and resumed reproduces the uninterrupted run exactly, and two CPU ranks through the deepspeed
+launcher.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dbs_synthetic import ROOT, params_for, write_world
+from pipeline.runinfo import file_digest
+
+FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
+        "pretrain.log_every=1", "pretrain.optim.lr=0.005", "pretrain.optim.warmup_steps=2", "pretrain.num_workers=0",
+        "pretrain.vcr.lr=0.002", "pretrain.vcr.warmup_steps=1"]
+
+
+def tsv(path: Path) -> list[tuple[int, str]]:
+    with path.open() as fh:
+        return [(int(r[0]), r[1]) for r in list(csv.reader(fh, delimiter="\t"))[1:]]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    from pipeline.build_dbs import run as build_dbs
+
+    data = tmp_path_factory.mktemp("pretrain") / "data"
+    write_world(data)
+    build_dbs(params_for(data))
+    return data
+
+
+@pytest.fixture(scope="module")
+def first_stage(data) -> Path:
+    from pipeline.pretrain import run
+
+    run(params_for(data, *FAST, "pretrain.steps=16", "pretrain.val_every=8", "pretrain.checkpoint_every=5"))
+    return data / "models" / "pretrain"
+
+
+def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
+    from pipeline.pretrain import plan_stage
+    from pipeline.training.data import held_out_batches, open_sources
+    from pipeline.training.metrics import evaluate
+    from pipeline.training.model_io import model_from_export
+    from pipeline.training.task_mix import TaskSchedule
+
+    params = params_for(data, *FAST, "pretrain.steps=16")
+    assert sorted(p.name for p in first_stage.iterdir()) == ["_run.json", "eval.json", "model.safetensors",
+                                                             "model_config.json"]
+    assert not (data / "checkpoints" / "pretrain").exists()  # removed once the export is written
+
+    mlm = [float(v) for _, v in tsv(data / "metrics/pretrain/plots/metrics/train/mlm/loss.tsv")]
+    assert len(mlm) >= 4 and mlm[-1] < mlm[0] - 0.2, mlm
+    live = json.loads((data / "metrics/pretrain/metrics.json").read_text())
+    assert live["step"] == 16 and {"lr", "tokens_per_s", "loss"} <= set(live["train"])
+    assert {"itm_acc", "ot_dist"} <= set(live["val"]["itm"]) and "mrc_acc" in live["val"]["mrc_kl"]
+
+    report = json.loads((first_stage / "eval.json").read_text())
+    assert set(report["pretrained"]) == {"itm", "mlm", "mrc_kl", "mrfr"}
+    assert report["pretrained"]["mlm"]["loss"] < report["no_pretraining"]["mlm"]["loss"] - 0.2
+    run = json.loads((first_stage / "_run.json").read_text())
+    assert run["counts"]["task_steps"] == TaskSchedule(params.pretrain.mix_ratio, seed=params.seed).counts(16)
+
+    # the export loads strictly and reproduces the held-out metrics the stage measured at its last step
+    plan = plan_stage(params, "pretrain")
+    val_dbs, img_dbs = open_sources(plan.val_sources, plan.img_root)
+    val = held_out_batches(val_dbs, img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=0.15, itm_neg_prob=0.5,
+                           batch_tokens=400, n_batches=2, rank=0, world_size=1)
+    vocab = json.loads((first_stage / "model_config.json").read_text())["uniter_config"]["vocab_size"]
+    model, _ = model_from_export(first_stage, vocab_size=vocab, img_dim=img_dbs.feature_dim,
+                                 num_classes=img_dbs.num_classes)
+    again = evaluate(model, val, prepare=lambda b: b, module=model)
+    for task, metrics in report["pretrained"].items():
+        for name, value in metrics.items():
+            assert again[f"val/{task}/{name}"] == pytest.approx(value, rel=1e-4, abs=1e-6), (task, name)
+
+
+def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
+    from pipeline.pretrain import run_vcr
+    from pipeline.stores import TextDb
+
+    run_vcr(params_for(data, *FAST, "pretrain.vcr.steps=6", "pretrain.val_every=0", "pretrain.checkpoint_every=0"))
+    out = data / "models" / "pretrain_vcr"
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["pretrained"]) == {"mlm", "mrc_kl", "mrfr"}  # no ITM in the second stage
+    run = json.loads((out / "_run.json").read_text())
+    labelled = sum(TextDb(data / "db/txt/vcr_qa_train")[e]["label"] >= 0 for e in TextDb(data / "db/txt/vcr_qa_train").ids)
+    qar = len(TextDb(data / "db/txt/pretrain_vcr_train"))
+    assert run["counts"]["train_examples"]["mlm"] == labelled + qar  # Q→A and QA→R side by side
+    assert run["input_digests"]["init"] == file_digest(first_stage / "model.safetensors")
+    first = json.loads((first_stage / "model_config.json").read_text())
+    assert json.loads((out / "model_config.json").read_text())["uniter_config"] == first["uniter_config"]
+
+
+def test_bad_params_are_named(data):
+    from pipeline.pretrain import run, run_vcr
+
+    with pytest.raises(ValueError, match=r"pretrain.mix_ratio: task\(s\) \['mlmm'\]"):
+        run(params_for(data, *FAST, "pretrain.mix_ratio={mlmm: 1.0}"))
+    with pytest.raises(ValueError, match=r"not allowed in pretrain_vcr"):
+        run_vcr(params_for(data, *FAST, "pretrain.vcr.mix_ratio={itm: 1.0}"))
+    with pytest.raises(FileNotFoundError, match="pretrain_outdomain_train"):
+        run(params_for(data.parent / "nothing", *FAST, "pretrain.datasets=outdomain"))
+
+
+# ------------------------------------------------------------------------------------------
+# the CLI in subprocesses (slow)
+
+
+def _cli(data: Path, *overrides: str, stage: str = "pretrain") -> list[str]:
+    sets = [a for o in (f"paths.data={data}", *FAST, *overrides) for a in ("--set", o)]
+    return [sys.executable, "-m", "pipeline", stage, *sets]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "DVC_NO_ANALYTICS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _run_until_killed(cmd: list[str], loss_file: Path, *, kill_after_step: int, timeout: float = 300) -> None:
+    """Start ``cmd`` in its own process group; SIGKILL the whole group once ``loss_file`` shows the step."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"the run ended (status {proc.returncode}) before step {kill_after_step} was seen")
+            if loss_file.exists() and any(s >= kill_after_step for s, _ in tsv(loss_file)):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"step {kill_after_step} not reached in {timeout}s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_identical_result(data):
+    common = ("pretrain.steps=14", "pretrain.checkpoint_every=4", "pretrain.val_every=7")
+    subprocess.run(_cli(data, *common, "pretrain.out_name=reference"), cwd=ROOT, env=_env(), check=True,
+                   capture_output=True)
+    killed = _cli(data, *common, "pretrain.out_name=killed")
+    loss = data / "metrics/killed/plots/metrics/train/loss.tsv"
+    _run_until_killed(killed, loss, kill_after_step=6)
+    assert any((data / "checkpoints/killed").glob("step_*/COMPLETE"))
+    subprocess.run(killed, cwd=ROOT, env=_env(), check=True, capture_output=True)
+
+    run = json.loads((data / "models/killed/_run.json").read_text())
+    assert run["counts"]["resumed_from_step"] >= 4
+    reference = data / "metrics/reference/plots/metrics"
+    for name in ("train/loss.tsv", "train/mlm/loss.tsv", "val/mlm/mlm_acc.tsv"):
+        assert tsv(data / "metrics/killed/plots/metrics" / name) == tsv(reference / name), name
+    for name in ("model.safetensors", "eval.json"):
+        assert file_digest(data / "models/killed" / name) == file_digest(data / "models/reference" / name), name
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_through_the_deepspeed_launcher(data):
+    cmd = _cli(data, "pretrain.world_size=2", "pretrain.steps=10", "pretrain.checkpoint_every=4",
+               "pretrain.val_every=5", "pretrain.out_name=two_ranks")
+    _run_until_killed(cmd, data / "metrics/two_ranks/plots/metrics/train/loss.tsv", kill_after_step=6)
+    assert len(list((data / "checkpoints/two_ranks").glob("step_*/trainer_state_rank*.pt"))) >= 2
+    subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True)  # resumes both ranks
+
+    run = json.loads((data / "models/two_ranks/_run.json").read_text())
+    assert run["counts"]["world_size"] == 2 and run["counts"]["resumed_from_step"] >= 4
+    first, second = run["counts"]["task_sequence_sha256_by_rank"]
+    assert first == second  # both ranks ran the same task at every step
+    mlm = [float(v) for _, v in tsv(data / "metrics/two_ranks/plots/metrics/train/mlm/loss.tsv")]
+    assert mlm[-1] < mlm[0]
