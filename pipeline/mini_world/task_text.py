@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.mini_world.scenes import COLOURS, SHAPES, Obj, Scene, relation
+from pipeline.mini_world.scenes import COLOURS, SHAPES, Scene, relation
 from pipeline.mini_world.text import article, number_word, plural
 
 RELATIONS = ("to the left of", "to the right of", "above", "below")

@@ -10,7 +10,7 @@ import numpy as np
 from pipeline.mini_world.task_text import vqa_answers, vqa_question
 from pipeline.mini_world.world import World
 
-FILES = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014"), "test": ("test2015", "test2015")}
+SUBTYPE = {"train": "train2014", "val": "val2014", "test": "test2015"}  # split -> file name part
 
 
 def _questions_doc(subtype: str, questions: list[dict]) -> dict:
@@ -54,7 +54,7 @@ def write_vqa(world: World) -> None:
                 if split != "test":
                     annotations.append(_annotation(rng, item, image_id, qid))
             world.use(key, "vqa", split)
-        subtype = FILES[split][0]
+        subtype = SUBTYPE[split]
         if split == "train":
             _plant_defects(world, rng, questions)
         world.write_json(f"vqa/v2_OpenEnded_mscoco_{subtype}_questions.json", _questions_doc(subtype, questions))

@@ -163,7 +163,8 @@ class World:
         for c in self.controls:
             if self.is_eval(c["shares_with"]):
                 raise RuntimeError(f"control {c['dataset']}/{c['image_id']} shares an eval image")
-        return {"seed": self.seed, "overlaps": overlaps, "controls": self.controls, "defects": self.defects}
+        return {"seed": self.seed, "overlaps": overlaps, "controls": self.controls, "defects": self.defects,
+                "eval_splits": {k: list(v) for k, v in sorted(self.eval_splits.items())}}
 
     def scenes(self) -> dict[str, Any]:
         """scenes.json: every readable image's scene graph, plus ``scene`` (its origin) for copies."""

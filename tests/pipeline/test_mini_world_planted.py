@@ -13,7 +13,6 @@ import json
 import pickle
 import re
 from collections import Counter
-from itertools import combinations
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
