@@ -70,7 +70,7 @@ def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,
             bar.set_postfix_str(name)
             writer(world)
         _register_eval_split_rows(world)
-        world.write_json("planted.json", world.planted(), sort_keys=True)
+        world.write_json("planted.json", world.planted(), indent=1)  # read by people too
         world.write_json("scenes.json", world.scenes())
     world.root = Path(out_dir)
     return world

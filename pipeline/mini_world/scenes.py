@@ -8,7 +8,7 @@ and counts are computed from it, so every caption, answer and label is derivable
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,7 +68,6 @@ class Scene:
     objects: tuple[Obj, ...]
     bg_seed: int
     size: tuple[int, int]
-    extra: dict = field(default_factory=dict, compare=False)
 
     def count(self, *, shape: str | None = None, colour: str | None = None) -> int:
         return sum(1 for o in self.objects if (shape is None or o.shape == shape)
@@ -116,7 +115,6 @@ def sample_scene(rng: np.random.Generator, *, size: int, max_objects: int, min_o
     kinds = list(require or [])
     while len(kinds) < n:
         kinds.append((str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))))
-    kinds = kinds[:max(n, len(require or []))]
     objs: list[Obj] = []
     for colour, shape in kinds:
         for _ in range(60):  # rejection sampling; give up on this object if the canvas is full

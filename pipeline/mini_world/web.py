@@ -83,8 +83,7 @@ def _plant_flickr_and_near(world: World, rng: np.random.Generator, dataset: str,
 
 def _line_defects(world: World, rng: np.random.Generator, dataset: str, rows: list[Row], new_url) -> list[Row]:
     """Image defects on own rows (truncated, missing) and the returned extra defective rows."""
-    own = [r for r in rows if r.image_key and r.image_key.split("/")[1] == sha1_key(r.url)
-           and world.images[r.image_key].origin == r.image_key]
+    own = [r for r in rows if r.image_key]  # rows of the dataset's own scenes
     a, b = (own[int(i)] for i in rng.choice(len(own), size=2, replace=False))
     world.break_image(a.image_key, "truncated", dataset)
     world.break_image(b.image_key, "missing", dataset)

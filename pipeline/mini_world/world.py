@@ -68,9 +68,10 @@ class World:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
-    def write_json(self, relpath: str, obj: Any, *, sort_keys: bool = True) -> None:
-        """Compact JSON like the real dumps (one line), keys sorted for determinism."""
-        self.write_bytes(relpath, (json.dumps(obj, sort_keys=sort_keys, separators=(",", ":")) + "\n").encode())
+    def write_json(self, relpath: str, obj: Any, *, indent: int | None = None) -> None:
+        """JSON with sorted keys; compact (one line) like the real dumps unless ``indent``."""
+        text = json.dumps(obj, sort_keys=True, indent=indent, separators=None if indent else (",", ":"))
+        self.write_bytes(relpath, (text + "\n").encode())
 
     def write_lines(self, relpath: str, lines: list[bytes]) -> None:
         self.write_bytes(relpath, b"".join(line + b"\n" for line in lines))
