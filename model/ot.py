@@ -55,16 +55,16 @@ def ipot(
     a = x_valid / x_valid.sum(1, keepdim=True).clamp_min(1.0)  # row marginals [B, n]
     b = y_valid / y_valid.sum(1, keepdim=True).clamp_min(1.0)  # column marginals [B, m]
     joint = x_valid.unsqueeze(2) * y_valid.unsqueeze(1)
-    kernel = torch.exp(-cost / beta) * joint
-    plan = joint.clone()
+    kernel = torch.exp(-cost / beta).mul_(joint)
+    plan = joint  # the initial plan: ones on the real block
     col_scale = y_valid.clone()
     tiny = torch.finfo(torch.float32).tiny
     for _ in range(iterations):
-        q = kernel * plan
+        plan.mul_(kernel)  # Q = exp(-C / beta) * T, in place: this loop is memory-bound
         for _ in range(inner_steps):
-            row_scale = a / torch.bmm(q, col_scale.unsqueeze(2)).squeeze(2).clamp_min(tiny)
-            col_scale = b / torch.bmm(q.transpose(1, 2), row_scale.unsqueeze(2)).squeeze(2).clamp_min(tiny)
-        plan = row_scale.unsqueeze(2) * q * col_scale.unsqueeze(1)
+            row_scale = a / torch.bmm(plan, col_scale.unsqueeze(2)).squeeze(2).clamp_min(tiny)
+            col_scale = b / torch.bmm(row_scale.unsqueeze(1), plan).squeeze(1).clamp_min(tiny)
+        plan.mul_(row_scale.unsqueeze(2)).mul_(col_scale.unsqueeze(1))  # T = diag(row) Q diag(col)
     return plan
 
 
