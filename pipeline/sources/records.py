@@ -96,7 +96,8 @@ class ReadContext:
             return MALFORMED_ROW, f"{name} should be a string, got {type(value).__name__}"
         text = value.strip()
         if len(text) < max(1, self.min_text_chars):
-            return MISSING_CAPTION, f"{name} is blank" if not text else f"{name} shorter than {self.min_text_chars} chars"
+            detail = f"{name} is blank" if not text else f"{name} shorter than {self.min_text_chars} chars"
+            return MISSING_CAPTION, detail
         if len(text) > self.max_text_chars:
             return TEXT_TOO_LONG, f"{name} has {len(text)} chars > max_text_chars {self.max_text_chars}"
         return None

@@ -123,7 +123,7 @@ def test_unknown_dataset_is_named(params):
 def _write_cc_tsv(path: Path, rows: int) -> None:
     with path.open("wb") as fh:
         for i in range(rows):
-            fh.write(b"caption number %d of a synthetic web image\thttp://img%d.example.com/p/%d.jpg\n" % (i, i % 97, i))
+            fh.write(b"caption number %d of a web image\thttp://img%d.example.com/p/%d.jpg\n" % (i, i % 97, i))
 
 
 def _peak_bytes(params, rows: int, tmp: Path) -> int:

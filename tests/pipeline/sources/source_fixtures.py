@@ -67,7 +67,8 @@ def fixture_overrides(tmp_path: Path) -> list[str]:
     sources = {
         "coco": {"captions_train": f / "coco/captions_train2014.json", "captions_val": f / "coco/captions_val2014.json",
                  # the coco reader does not read instances files; any existing file satisfies world: real
-                 "instances_train": f / "coco/captions_train2014.json", "instances_val": f / "coco/captions_val2014.json",
+                 "instances_train": f / "coco/captions_train2014.json",
+                 "instances_val": f / "coco/captions_val2014.json",
                  "karpathy": f / "coco/dataset_coco.json", "image_root": images / "coco"},
         "vg": {"image_data": f / "vg/image_data.json", "region_descriptions": f / "vg/region_descriptions.json",
                "image_root": images / "vg"},
