@@ -1,0 +1,138 @@
+"""docker-compose.yml and Dockerfile, checked by parsing (no Docker engine here): the services and
+their health checks, secrets only from .env, mounts, GPU reservations, and agreement with the
+local stack of `make airflow` (scripts/airflow_local.sh): same DAG folder, executor, parallelism,
+`gpu` pool."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+SERVICES = COMPOSE["services"]
+LOCAL_SCRIPT = (ROOT / "scripts/airflow_local.sh").read_text()
+AIRFLOW_SERVICES = {"airflow-apiserver": "api-server", "airflow-scheduler": "scheduler",
+                    "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer",
+                    "airflow-worker": "celery"}
+LONG_RUNNING = ["postgres", "redis", *AIRFLOW_SERVICES]
+PROJECT = "/opt/uniter"
+SECRET = re.compile(r"PASSWORD|SECRET|FERNET|_KEY$")
+
+
+def interpolation_default(value: str) -> str:
+    """The default of a compose ``${VAR:-default}`` value (the value itself when it has none)."""
+    m = re.fullmatch(r"\$\{\w+:-([^}]*)\}", str(value))
+    return m.group(1) if m else str(value)
+
+
+def volume_target_source(spec: str) -> tuple[str, str]:
+    """``SOURCE:TARGET[:MODE]`` -> (target, source); SOURCE may be a ``${VAR:-default}``."""
+    m = re.fullmatch(r"(\$\{[^}]*\}|[^:]+):([^:]+)(?::(?:ro|rw))?", spec)
+    assert m, f"unparsed volume {spec!r}"
+    return m.group(2), m.group(1)
+
+
+def local_export(name: str) -> str:
+    """The value scripts/airflow_local.sh exports for ``name`` (its own default when it has one)."""
+    m = re.search(rf'^export {name}=(.*)$', LOCAL_SCRIPT, re.M)
+    assert m, f"scripts/airflow_local.sh does not export {name}"
+    value = m.group(1).strip('"')
+    inner = re.fullmatch(r"\$\{\w+:-([^}]*)\}", value)
+    return inner.group(1) if inner else value
+
+
+def env_file_keys() -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def test_services_of_the_design_exist_with_celery_optional():
+    assert {"postgres", "airflow-init", *AIRFLOW_SERVICES} <= set(SERVICES)
+    assert SERVICES["redis"]["profiles"] == ["celery"] and SERVICES["airflow-worker"]["profiles"] == ["celery"]
+    for name in ["postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                 "airflow-triggerer"]:
+        assert "profiles" not in SERVICES[name], f"{name} must run without a profile"
+    for name, command in AIRFLOW_SERVICES.items():
+        assert SERVICES[name]["command"][0] == command, name
+        assert SERVICES[name]["image"] == SERVICES["airflow-init"]["image"], "one image for every Airflow service"
+        assert SERVICES[name]["build"]["dockerfile"] == "Dockerfile"
+
+
+def test_every_long_running_service_has_a_healthcheck_and_order_follows_health():
+    for name in LONG_RUNNING:
+        check = SERVICES[name].get("healthcheck")
+        assert check and check["test"] and check["interval"] and check["retries"] >= 3, f"{name}: no healthcheck"
+    for name in AIRFLOW_SERVICES:
+        deps = SERVICES[name]["depends_on"]
+        assert deps["postgres"]["condition"] == "service_healthy", name
+        assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
+    assert SERVICES["airflow-worker"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert SERVICES["airflow-init"]["restart"] == "no"
+
+
+def test_secrets_come_only_from_env_and_env_example_lists_every_variable():
+    used = set(re.findall(r"(?<!\$)\$\{(\w+)", COMPOSE_TEXT))  # $${X} is the container's own variable
+    example = env_file_keys()
+    assert used <= set(example), f".env.example lacks {sorted(used - set(example))}"
+    for key, value in example.items():
+        if SECRET.search(key):
+            assert value == "", f".env.example must not carry a value for the secret {key}"
+    for name, service in SERVICES.items():
+        env = service.get("environment", {})
+        for key, value in env.items():
+            if SECRET.search(key) or "SQL_ALCHEMY_CONN" in key or "BROKER_URL" in key:
+                assert "${" in str(value), f"{name}.{key} holds a literal secret"
+    assert re.search(r"^\.env$", (ROOT / ".gitignore").read_text(), re.M), ".env must be gitignored"
+
+
+def test_project_data_and_runs_are_mounted_where_the_dag_folder_points():
+    for name in AIRFLOW_SERVICES:
+        service = SERVICES[name]
+        targets = dict(volume_target_source(v) for v in service["volumes"])
+        assert targets[PROJECT] == "."
+        assert interpolation_default(targets[f"{PROJECT}/data"]) == "./data"
+        assert interpolation_default(targets[f"{PROJECT}/runs"]) == "./runs"
+        assert service["working_dir"] == PROJECT  # stages run from the project root, like DVC
+        assert service["environment"]["AIRFLOW__CORE__DAGS_FOLDER"] == f"{PROJECT}/dags"
+
+
+def test_same_dag_folder_executor_parallelism_and_pool_as_the_local_stack():
+    env = SERVICES["airflow-scheduler"]["environment"]
+    assert local_export("AIRFLOW__CORE__DAGS_FOLDER") == "$REPO/dags"  # . is mounted at /opt/uniter
+    assert interpolation_default(env["AIRFLOW__CORE__EXECUTOR"]) == local_export("AIRFLOW__CORE__EXECUTOR")
+    assert interpolation_default(env["AIRFLOW__CORE__PARALLELISM"]) == local_export("AIRFLOW__CORE__PARALLELISM")
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == local_export("AIRFLOW__CORE__LOAD_EXAMPLES")
+    init = " ".join(SERVICES["airflow-init"]["command"])
+    pool = re.search(r'pools set gpu "\$\{AIRFLOW_GPU_SLOTS:-(\d+)\}"', init)
+    assert pool and pool.group(1) == re.search(r"AIRFLOW_GPU_SLOTS:-(\d+)", LOCAL_SCRIPT).group(1)
+    assert "airflow pools set gpu" in LOCAL_SCRIPT and "airflow db migrate" in init
+
+
+@pytest.mark.parametrize("name", ["airflow-scheduler", "airflow-worker"])
+def test_the_services_that_run_tasks_reserve_gpus(name):
+    devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices)
+
+
+def test_ui_is_published_on_localhost_only():
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+
+
+def test_dockerfile_builds_python_311_with_the_projects_setup():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"make setup VENV=(\S+)", text)
+    venv = re.search(r"make setup VENV=(\S+)", text).group(1)
+    assert f"PATH={venv}/bin" in text, "the image's PATH must find the venv that make setup built"
+    assert f"WORKDIR {PROJECT}" in text
+    assert not venv.startswith(PROJECT), "the venv must live outside the mounted project"
+    requires = re.search(r'requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert ">=3.11" in requires and "<3.12" in requires
