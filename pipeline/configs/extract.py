@@ -27,6 +27,7 @@ class ExtractConfig:
     detector: Literal["mini", "butd_r101"] = "mini"
     weights: Path | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (ignored on CPU)
     workers: int = 1
     shard_size: int = 1000
     batch_size: int = 8
