@@ -137,6 +137,40 @@ def test_params_are_listed_key_by_key_and_exist_in_params_yaml():
             assert "." in key or not isinstance(node, dict), f"{address}: list {key}'s keys, not the section"
 
 
+# params.yaml keys no stage lists, and why: where things go, or how fast they run, not what they hold.
+NOT_DEPS = {
+    "world": "chooses sources; the sources paths themselves are deps",
+    "paths.data": "location (Airflow runs move it); DVC outputs are data/",
+    "paths.runs": "Airflow run directories",
+    "mini_world.out_dir": "location; interpolated into the outs and deps",
+    "extract.sources": "which extract@ITEM stages exist is fixed in dvc.yaml",
+    "extract.device": "execution: same model, another device",
+    "extract.workers": "execution: processes sharing the shards",
+    "decontaminate.workers": "execution: processes hashing images",
+    "pretrain.hostfile": "execution: where the ranks run",
+    "pretrain.master_port": "execution",
+    "pretrain.num_workers": "execution: DataLoader processes",
+    "pretrain.device": "execution",
+}
+
+
+def leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from leaf_keys(value, dotted + ".")
+        else:
+            yield dotted
+
+
+def test_every_params_key_is_a_dep_of_some_stage_or_known_not_to_change_outputs():
+    listed = {key for stage in dvc_stages().values() for key in stage["params"]}
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    orphans = [k for k in leaf_keys(raw)
+               if k not in NOT_DEPS and not any(k == p or k.startswith(p + ".") for p in listed)]
+    assert not orphans, f"params.yaml keys that no dvc.yaml stage lists: {orphans}"
+
+
 def test_outputs_do_not_overlap_and_live_under_data():
     outs = [(o, a) for a, s in dvc_stages().items() for o in s["outs"]]
     for out, address in outs:
