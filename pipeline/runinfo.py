@@ -34,17 +34,23 @@ def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
 def tree_digest(path: Path | str) -> str:
     """sha256 over (relative path, file digest) of every file below ``path``, in sorted order.
 
-    Files starting with ``_run`` are skipped: they hold wall times and would make digests unstable.
+    Run records (``_run.json``, ``<name>._run.json``) are skipped: they hold wall times and would
+    make digests unstable.
     """
     root = Path(path)
     if root.is_file():
         return file_digest(root)
     h = hashlib.sha256()
-    for p in sorted(q for q in root.rglob("*") if q.is_file() and not q.name.startswith("_run")):
+    for p in sorted(q for q in root.rglob("*") if q.is_file() and not is_run_record(q)):
         h.update(str(p.relative_to(root)).encode())
         h.update(b"\0")
         h.update(file_digest(p).encode())
     return h.hexdigest()
+
+
+def is_run_record(path: Path) -> bool:
+    """True for ``_run.json``-style records (wall times inside), which digests must ignore."""
+    return path.name.startswith("_run") or path.name.endswith("._run.json")
 
 
 def code_version() -> str:
