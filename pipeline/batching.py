@@ -17,6 +17,7 @@ docs/contracts.md §6.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
@@ -206,9 +207,11 @@ def _pad_text(examples: Sequence[dict[str, Any]], key: str, fill: int) -> torch.
 def _pad_regions(arrays: Sequence[np.ndarray], width: int, li: int) -> torch.Tensor:
     """[n_b, width] arrays (any float dtype) -> f32 [B, li, width], zero padded."""
     out = torch.zeros((len(arrays), li, width), dtype=torch.float32)
-    view = out.numpy()
-    for b, a in enumerate(arrays):
-        view[b, : len(a)] = a  # numpy converts f16 -> f32 while copying; no read-only tensor is made
+    with warnings.catch_warnings():
+        # the arrays are read-only views over LMDB values; we only read them, so wrapping is safe
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for b, a in enumerate(arrays):
+            out[b, : len(a)].copy_(torch.from_numpy(a))  # torch's f16 -> f32 copy is vectorized
     return out
 
 

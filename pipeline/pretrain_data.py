@@ -27,6 +27,15 @@ from pipeline.batching import TokenBucketSampler, collate_pretrain
 from pipeline.stores import ImageDbGroup, TextDb
 
 TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit mixing step (SplitMix64): distinct inputs give well-spread, unrelated seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 MRM_TASKS = ("mrfr", "mrc", "mrc_kl")
 
 
@@ -74,8 +83,11 @@ class PretrainDataset(Dataset):
         self.epoch = epoch
 
     def generator(self, index: int) -> torch.Generator:
-        state = np.random.SeedSequence([self.seed, self.epoch, TASKS.index(self.task), index]).generate_state(2)
-        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        """The generator of example ``index`` in this epoch (independent of worker and order)."""
+        key = 0
+        for part in (self.seed, self.epoch, TASKS.index(self.task), index):
+            key = _splitmix64(key ^ (part & _MASK64))
+        return torch.Generator().manual_seed(key)
 
     def _negative_images(self, own: tuple[str, ...], g: torch.Generator) -> tuple[str, ...]:
         while True:

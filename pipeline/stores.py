@@ -1,7 +1,7 @@
 """LMDB image and text stores: the value codec, an atomic batched writer, and lazy readers.
 
-Values (DESIGN.md §4) are msgpack maps compressed with lz4 (frame format) or zstd. Arrays travel
-as ``{"data": raw bytes, "dtype": "float16", "shape": [n, D]}`` so dtypes survive exactly and a
+Values (DESIGN.md §4) are msgpack maps compressed with lz4 (block format, size-prefixed) or
+zstd. Arrays travel as ``{"data": raw bytes, "dtype": "float16", "shape": [n, D]}`` so dtypes survive exactly and a
 reader rebuilds them with ``np.frombuffer`` (no parsing, no extra copy).
 
 Writers (:class:`LmdbWriter`) insert keys in sorted order (MDB_APPEND), commit every
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import lmdb
-import lz4.frame
+import lz4.block
 import msgpack
 import numpy as np
 
@@ -38,9 +38,7 @@ TXT2IMG_FILE = "txt2img.json"
 IMG2TXTS_FILE = "img2txts.json"
 INITIAL_MAP_SIZE = 64 << 20  # fixed start: the doubling path (and so the file bytes) depends only on the data
 
-_LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_ARRAY_KEYS = frozenset(("data", "dtype", "shape"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,9 +54,17 @@ def _pack_default(obj: Any) -> Any:
     raise TypeError(f"cannot store a value of type {type(obj).__name__} in an LMDB record")
 
 
+_DTYPES: dict[str, np.dtype] = {}
+
+
 def _unpack_hook(obj: dict) -> Any:
-    if obj.keys() == _ARRAY_KEYS:
-        return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+    # called for every msgpack map: keep it cheap (the read path's hot spot after lz4)
+    if len(obj) == 3 and "shape" in obj and "data" in obj and "dtype" in obj:
+        code = obj["dtype"]
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            dtype = _DTYPES[code] = np.dtype(code)
+        return np.frombuffer(obj["data"], dtype).reshape(obj["shape"])
     return obj
 
 
@@ -75,7 +81,8 @@ def encode_value(record: Mapping[str, Any], compression: str = "lz4") -> bytes:
     """A record (str keys; values: numbers, strings, lists, dicts, numpy arrays) -> compressed bytes."""
     packed = msgpack.packb(_sorted_tree(record), default=_pack_default, use_bin_type=True)
     if compression == "lz4":
-        return lz4.frame.compress(packed, store_size=True)
+        # block format: ~1.6x faster to decompress than frames for values this size (bench/stores.py)
+        return lz4.block.compress(packed, mode="default", store_size=True)
     if compression == "zstd":
         import zstandard
 
@@ -87,15 +94,15 @@ _zstd_decompressor = None
 
 
 def decode_value(buf: bytes | memoryview) -> dict[str, Any]:
-    """Inverse of :func:`encode_value`; the compression is recognised by its magic number.
+    """Inverse of :func:`encode_value`.
 
-    Arrays come back as read-only numpy views over the decompressed bytes, with the dtype and
-    shape they were written with.
+    zstd values are recognised by their frame magic number; anything else is an lz4 block with
+    its uncompressed size in the first 4 bytes (little endian; a size that large is impossible,
+    so the two never collide). Arrays come back as read-only numpy views over the decompressed
+    bytes, with the dtype and shape they were written with.
     """
     head = bytes(buf[:4])
-    if head == _LZ4_MAGIC:
-        raw = lz4.frame.decompress(buf)
-    elif head == _ZSTD_MAGIC:
+    if head == _ZSTD_MAGIC:
         global _zstd_decompressor
         if _zstd_decompressor is None:
             import zstandard
@@ -103,7 +110,10 @@ def decode_value(buf: bytes | memoryview) -> dict[str, Any]:
             _zstd_decompressor = zstandard.ZstdDecompressor()
         raw = _zstd_decompressor.decompress(buf)
     else:
-        raise ValueError(f"value is neither lz4 nor zstd compressed (starts with {head!r})")
+        try:
+            raw = lz4.block.decompress(buf)
+        except lz4.block.LZ4BlockError as err:
+            raise ValueError(f"value is neither lz4 nor zstd compressed (starts with {head!r}): {err}") from None
     return msgpack.unpackb(raw, object_hook=_unpack_hook, raw=False)
 
 
