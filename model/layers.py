@@ -8,7 +8,7 @@ from torch import nn
 
 from model.config import UniterConfig
 
-__all__ = ["SelfAttention", "TransformerLayer", "Encoder", "Pooler", "init_bert_weights"]
+__all__ = ["Encoder", "Pooler", "SelfAttention", "TransformerLayer", "init_bert_weights"]
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:

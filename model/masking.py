@@ -11,34 +11,27 @@ The datasets call these per example (docs/contracts.md section 6) with their own
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
+import numpy as np
 import torch
 
 __all__ = [
     "IGNORE_INDEX",
-    "TEXT_TASKS",
     "REGION_TASKS",
+    "TEXT_TASKS",
     "MaskedExample",
-    "mask_tokens",
-    "mask_regions",
     "mask_example",
+    "mask_regions",
+    "mask_tokens",
 ]
 
 IGNORE_INDEX = -100  # label value for positions that carry no MLM target (torch CE's default)
 TEXT_TASKS = frozenset({"mlm"})
 REGION_TASKS = frozenset({"mrfr", "mrc", "mrc_kl"})
 UNMASKED_TASKS = frozenset({"itm"})
-
-
-def _random_non_special(n: int, vocab_size: int, special: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """``n`` ids drawn uniformly from ``[0, vocab_size)`` minus the sorted ids in ``special``."""
-    draws = torch.randint(0, vocab_size - special.numel(), (n,), generator=generator)
-    # Shift past each excluded id in ascending order: the draw r becomes the r-th allowed id.
-    for s in special.tolist():
-        draws += (draws >= s).long()
-    return draws
 
 
 def mask_tokens(
@@ -57,8 +50,8 @@ def mask_tokens(
     one non-special token is selected uniformly, so every MLM example has a target.
 
     Args:
-        input_ids: i64 [L] (may or may not contain [CLS]/[SEP]; ids in ``special_ids`` are never
-            selected).
+        input_ids: i64 [L] on the CPU (may or may not contain [CLS]/[SEP]; ids in ``special_ids``
+            are never selected).
     Returns:
         (masked_ids i64 [L], labels i64 [L]) with labels = the original id where selected and
         ``IGNORE_INDEX`` (-100) elsewhere.
@@ -67,30 +60,31 @@ def mask_tokens(
     """
     if input_ids.dim() != 1:
         raise ValueError(f"mask_tokens: expected one example's ids of shape [L], got {tuple(input_ids.shape)}")
-    special = torch.tensor(sorted(set(int(s) for s in special_ids)), dtype=torch.long)
-    candidate = ~torch.isin(input_ids, special)
-    n_candidates = int(candidate.sum())
-    if n_candidates == 0:
-        raise ValueError(f"mask_tokens: no maskable token in input_ids {input_ids.tolist()} (all are special ids)")
-
-    selected = (torch.rand(input_ids.shape, generator=generator) < mask_prob) & candidate
-    if not bool(selected.any()):
-        pick = torch.randint(0, n_candidates, (1,), generator=generator)
-        selected[candidate.nonzero().squeeze(1)[pick]] = True
-
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    labels[selected] = input_ids[selected]
-
-    # One uniform per selected token decides its fate: [0, .8) mask, [.8, .9) random, [.9, 1) keep.
-    fate = torch.rand(int(selected.sum()), generator=generator)
-    masked_ids = input_ids.clone()
-    positions = selected.nonzero().squeeze(1)
-    to_mask = positions[fate < 0.8]
-    to_random = positions[(fate >= 0.8) & (fate < 0.9)]
-    masked_ids[to_mask] = mask_token_id
-    if to_random.numel():
-        masked_ids[to_random] = _random_non_special(to_random.numel(), vocab_size, special, generator)
-    return masked_ids, labels
+    ids = input_ids.numpy()
+    special = np.array(sorted({int(s) for s in special_ids}), dtype=np.int64)
+    candidate = np.ones(ids.shape, dtype=bool)
+    for s in special:  # a handful of ids: cheaper than np.isin's set machinery
+        candidate &= ids != s
+    if not candidate.any():
+        raise ValueError(f"mask_tokens: no maskable token in input_ids {ids.tolist()} (all are special ids)")
+    # One draw of 3 uniforms per token (selection, fate, replacement id): the loader calls this per
+    # example, and a few NumPy ops on them are ~10x cheaper than many small torch ops.
+    select_u, fate, replace_u = torch.rand(3, ids.shape[0], generator=generator, dtype=torch.float64).numpy()
+    selected = (select_u < mask_prob) & candidate
+    if not selected.any():
+        # the candidate with the smallest selection uniform: uniform over candidates, no extra draw
+        selected[np.flatnonzero(candidate)[select_u[candidate].argmin()]] = True
+    labels = np.where(selected, ids, IGNORE_INDEX)
+    masked = ids.copy()
+    masked[selected & (fate < 0.8)] = mask_token_id
+    to_random = selected & (fate >= 0.8) & (fate < 0.9)
+    if to_random.any():
+        # the r-th allowed id: draw r in [0, V - #special) and step past each excluded id in order
+        draws = (replace_u[to_random] * (vocab_size - special.size)).astype(np.int64)
+        for s in special:
+            draws += draws >= s
+        masked[to_random] = draws
+    return torch.from_numpy(masked), torch.from_numpy(labels)
 
 
 def mask_regions(num_regions: int, *, mask_prob: float, generator: torch.Generator) -> torch.Tensor:
@@ -103,9 +97,10 @@ def mask_regions(num_regions: int, *, mask_prob: float, generator: torch.Generat
     """
     if num_regions < 1:
         raise ValueError(f"mask_regions: an example needs at least one region to mask, got num_regions={num_regions}")
-    masked = torch.rand(num_regions, generator=generator) < mask_prob
+    u = torch.rand(num_regions, generator=generator)
+    masked = u < mask_prob
     if not bool(masked.any()):
-        masked[torch.randint(0, num_regions, (1,), generator=generator)] = True
+        masked[u.argmin()] = True  # uniform over regions, no extra draw
     return masked
 
 

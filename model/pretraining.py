@@ -7,8 +7,8 @@ built with ``wra_weight > 0``: loss = itm_loss + wra_weight * wra_loss.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 from torch import nn
@@ -100,14 +100,18 @@ class UniterForPretraining(nn.Module):
         text_out, region_out = sequence[:, :lt], sequence[:, lt:]
         if task == "mlm":
             out = self.mlm(text_out, batch["txt_labels"], self.uniter.embeddings.word_embeddings.weight)
-            return self._finish(out.loss, out, {"mlm_loss": out.loss, "mlm_acc": out.accuracy}, "n_tokens", out.n_tokens)
+            return self._finish(
+                out.loss, out, {"mlm_loss": out.loss, "mlm_acc": out.accuracy}, "n_tokens", out.n_tokens
+            )
         if task == "mrfr":
             proj = self.uniter.img_embeddings.feat_proj.weight
             out = self.mrfr(region_out, img_masked, batch["img_feat_target"], proj)
             return self._finish(out.loss, out, {"mrfr_loss": out.loss}, "n_regions", out.n_regions)
         if task in ("mrc", "mrc_kl"):
             out = self.mrc(region_out, img_masked, batch["img_soft_labels"], kl=task == "mrc_kl")
-            return self._finish(out.loss, out, {f"{task}_loss": out.loss, "mrc_acc": out.accuracy}, "n_regions", out.n_regions)
+            return self._finish(
+                out.loss, out, {f"{task}_loss": out.loss, "mrc_acc": out.accuracy}, "n_regions", out.n_regions
+            )
         return self._itm(batch, sequence, text_out, region_out, return_plan)
 
     def _itm(self, batch, sequence, text_out, region_out, return_plan) -> PretrainOutput:

@@ -8,7 +8,7 @@ attention keys. Output positions follow the input layout: text first, then regio
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -18,16 +18,16 @@ from model.config import PRESETS, UniterConfig
 from model.layers import Encoder, Pooler, init_bert_weights
 
 __all__ = [
-    "UniterConfig",
+    "IMG_POS_DIM",
     "PRESETS",
-    "TextEmbeddings",
-    "ImageEmbeddings",
-    "UniterModel",
     "BertInitReport",
+    "ImageEmbeddings",
+    "TextEmbeddings",
+    "UniterConfig",
+    "UniterModel",
     "default_bert_checkpoint",
     "load_bert_weights",
     "load_encoder_state",
-    "IMG_POS_DIM",
 ]
 
 IMG_POS_DIM = 7  # x1, y1, x2, y2, w, h, w*h, normalized by image size

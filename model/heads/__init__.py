@@ -6,15 +6,15 @@ from model.heads.mrm import MrcHead, MrcOutput, MrfrHead, MrfrOutput
 from model.heads.wra import WraOutput, word_region_alignment
 
 __all__ = [
-    "PredictionTransform",
-    "MlmHead",
-    "MlmOutput",
-    "MrfrHead",
-    "MrfrOutput",
-    "MrcHead",
-    "MrcOutput",
     "ItmHead",
     "ItmOutput",
+    "MlmHead",
+    "MlmOutput",
+    "MrcHead",
+    "MrcOutput",
+    "MrfrHead",
+    "MrfrOutput",
+    "PredictionTransform",
     "WraOutput",
     "word_region_alignment",
 ]

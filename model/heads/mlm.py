@@ -10,7 +10,7 @@ from torch import nn
 
 from model.masking import IGNORE_INDEX
 
-__all__ = ["PredictionTransform", "MlmHead", "MlmOutput"]
+__all__ = ["MlmHead", "MlmOutput", "PredictionTransform"]
 
 
 class PredictionTransform(nn.Module):

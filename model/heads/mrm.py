@@ -13,7 +13,7 @@ from torch import nn
 
 from model.heads.mlm import PredictionTransform
 
-__all__ = ["MrfrHead", "MrfrOutput", "MrcHead", "MrcOutput", "BACKGROUND"]
+__all__ = ["BACKGROUND", "MrcHead", "MrcOutput", "MrfrHead", "MrfrOutput"]
 
 BACKGROUND = 0  # soft_labels are [C+1] with the detector's background class first
 

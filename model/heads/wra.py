@@ -14,7 +14,7 @@ import torch
 
 from model.ot import ot_distance
 
-__all__ = ["WraOutput", "word_region_alignment", "word_positions"]
+__all__ = ["WraOutput", "word_positions", "word_region_alignment"]
 
 
 @dataclass
@@ -68,4 +68,6 @@ def word_region_alignment(
         d, pos = distances.detach(), positive.float()
         mean_pos = (d * pos).sum() / pos.sum()
         mean_neg = (d * (1 - pos)).sum() / (1 - pos).sum()
-    return WraOutput(loss=loss, distances=distances, plan=plan if return_plan else None, mean_pos=mean_pos, mean_neg=mean_neg)
+    return WraOutput(
+        loss=loss, distances=distances, plan=plan if return_plan else None, mean_pos=mean_pos, mean_neg=mean_neg
+    )

@@ -9,14 +9,14 @@ from model.tasks.vcr import UniterForVcr
 from model.tasks.vqa import UniterForVqa
 
 __all__ = [
-    "TaskOutput",
-    "UniterTaskModel",
-    "UniterForVqa",
-    "UniterForVcr",
-    "UniterForNlvr2",
     "NLVR2_VARIANTS",
-    "UniterForSnliVe",
     "SNLI_VE_LABELS",
-    "UniterForRetrieval",
+    "TaskOutput",
+    "UniterForNlvr2",
     "UniterForRefExp",
+    "UniterForRetrieval",
+    "UniterForSnliVe",
+    "UniterForVcr",
+    "UniterForVqa",
+    "UniterTaskModel",
 ]

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
-__all__ = ["UniterForNlvr2", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE"]
+__all__ = ["NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
 
 NLVR2_VARIANTS = ("triplet", "pair", "pair_biattn")
 RIGHT_IMAGE_TYPE = 2  # triplet: left-image regions keep type 1, right-image regions get type 2
@@ -42,8 +43,12 @@ class BiAttention(nn.Module):
     def __init__(self, config: UniterConfig):
         super().__init__()
         h = config.hidden_size
-        self.left_to_right = nn.MultiheadAttention(h, config.num_heads, dropout=config.attention_dropout, batch_first=True)
-        self.right_to_left = nn.MultiheadAttention(h, config.num_heads, dropout=config.attention_dropout, batch_first=True)
+        self.left_to_right = nn.MultiheadAttention(
+            h, config.num_heads, dropout=config.attention_dropout, batch_first=True
+        )
+        self.right_to_left = nn.MultiheadAttention(
+            h, config.num_heads, dropout=config.attention_dropout, batch_first=True
+        )
         self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.GELU(), nn.Dropout(config.hidden_dropout))
         self.pool = AttentionPool(h)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from model.config import UniterConfig
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
-__all__ = ["UniterForSnliVe", "SNLI_VE_LABELS"]
+__all__ = ["SNLI_VE_LABELS", "UniterForSnliVe"]
 
 SNLI_VE_LABELS = ("entailment", "neutral", "contradiction")  # target index = position here
 

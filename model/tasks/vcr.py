@@ -6,7 +6,7 @@ choice. Q->AR accuracy (both right) is computed by the evaluation from the two p
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

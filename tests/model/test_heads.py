@@ -82,9 +82,7 @@ def _mrc_case():
     masked = torch.tensor([[True, False, True]])
     # region 0: background most likely, class 2 the top object; region 2: class 3, one zero prob
     soft = torch.tensor([[[0.6, 0.1, 0.25, 0.05], [0.25, 0.25, 0.25, 0.25], [0.0, 0.2, 0.1, 0.7]]])
-    logits = _transform_ref(head, _np(regions)[0, [0, 2]]) @ _np(head.classifier.weight).T + _np(
-        head.classifier.bias
-    )
+    logits = _transform_ref(head, _np(regions)[0, [0, 2]]) @ _np(head.classifier.weight).T + _np(head.classifier.bias)
     return head, regions, masked, soft, logits
 
 

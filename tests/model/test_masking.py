@@ -25,21 +25,19 @@ def _mask(ids: torch.Tensor, gen: torch.Generator, p: float = 0.15):
 def test_mask_tokens_rates_and_80_10_10():
     gen = torch.Generator().manual_seed(0)
     length, n_cand = 20, 18
-    selected = n_mask = n_keep = n_random = 0
-    for _ in range(DRAWS):
-        ids = _example(gen, length)
-        masked, labels = _mask(ids, gen)
-        sel = labels != IGNORE_INDEX
-        assert sel.any(), "every example must have at least one MLM target"
-        assert not sel[0] and not sel[-1], "[CLS]/[SEP] must never be selected"
-        assert torch.equal(labels[sel], ids[sel])
-        assert torch.equal(masked[~sel], ids[~sel]), "unselected tokens must be untouched"
-        assert not torch.isin(masked[sel & (masked != MASK)], torch.tensor(SPECIAL)).any()
-        selected += int(sel.sum())
-        n_mask += int((masked[sel] == MASK).sum())
-        same = masked[sel] == ids[sel]
-        n_keep += int(same.sum())
-        n_random += int(((masked[sel] != MASK) & ~same).sum())
+    draws = [(ids, *_mask(ids, gen)) for ids in (_example(gen, length) for _ in range(DRAWS))]
+    ids, masked, labels = (torch.stack(t) for t in zip(*draws))  # [DRAWS, length] each
+    sel = labels != IGNORE_INDEX
+    assert sel.any(1).all(), "every example must have at least one MLM target"
+    assert not sel[:, 0].any() and not sel[:, -1].any(), "[CLS]/[SEP] must never be selected"
+    assert torch.equal(labels[sel], ids[sel])
+    assert torch.equal(masked[~sel], ids[~sel]), "unselected tokens must be untouched"
+    assert not torch.isin(masked[sel & (masked != MASK)], torch.tensor(SPECIAL)).any()
+    selected = int(sel.sum())
+    n_mask = int((masked[sel] == MASK).sum())
+    same = masked[sel] == ids[sel]
+    n_keep = int(same.sum())
+    n_random = int(((masked[sel] != MASK) & ~same).sum())
     p = 0.15
     # Expected rate including the at-least-one rule: p + P(nothing selected) / n_cand.
     expected = p + (1 - p) ** n_cand / n_cand
@@ -75,7 +73,7 @@ def test_random_replacement_covers_vocab_without_specials():
     ids = torch.full((200,), 5000)
     seen = []
     for _ in range(300):
-        masked, labels = _mask(ids, gen, p=1.0)
+        masked, _ = _mask(ids, gen, p=1.0)
         seen.append(masked[(masked != MASK) & (masked != 5000)])
     seen = torch.cat(seen)
     assert seen.numel() > 4000

@@ -20,7 +20,9 @@ def _exact(cost: torch.Tensor) -> float:
 
 def _check_against_emd(cost: torch.Tensor, iterations: int) -> None:
     n, m = cost.shape
-    plan = ipot(cost[None], torch.ones(1, n, dtype=torch.bool), torch.ones(1, m, dtype=torch.bool), iterations=iterations)[0]
+    plan = ipot(
+        cost[None], torch.ones(1, n, dtype=torch.bool), torch.ones(1, m, dtype=torch.bool), iterations=iterations
+    )[0]
     approx, exact = float((cost.double() * plan.double()).sum()), _exact(cost)
     assert abs(approx - exact) <= 0.01 * exact, (n, m, approx, exact)
     assert (plan.sum(1) - 1.0 / n).abs().max() < 1e-3

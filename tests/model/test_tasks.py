@@ -61,7 +61,12 @@ def _case(name: str):
         return UniterForRetrieval(_cfg(), img_dim=D), dict(rows(6), targets=torch.tensor([0, 0])), (2, 3), ()
     if name == "refexp":
         batch = rows(3)
-        return UniterForRefExp(_cfg(), img_dim=D), dict(batch, targets=torch.tensor([4, 0, 2])), (3, 6), ("uniter.pooler",)
+        return (
+            UniterForRefExp(_cfg(), img_dim=D),
+            dict(batch, targets=torch.tensor([4, 0, 2])),
+            (3, 6),
+            ("uniter.pooler",),
+        )
     if name == "nlvr2_triplet":
         batch = rows(4)
         batch["img_type_ids"] = torch.tensor([[1, 1, 1, 2, 2, 2]] * 4)
@@ -151,7 +156,7 @@ def test_nlvr2_batch_shape_errors():
     model, batch, _, _ = _case("nlvr2_triplet")
     with pytest.raises(KeyError, match="img_type_ids"):
         model({k: v for k, v in batch.items() if k != "img_type_ids"})
-    pair, pair_batch, _, _ = _case("nlvr2_pair")
+    pair = _case("nlvr2_pair")[0]
     with pytest.raises(ValueError, match="even number of rows"):
         pair(rows(3))
     with pytest.raises(ValueError, match="unknown NLVR2 variant"):
@@ -166,6 +171,8 @@ def test_retrieval_zero_shot_from_itm_ranks_like_itm_probability():
     batch = rows(6, seed=4)
     with torch.no_grad():
         scores = retrieval(batch).logits
-        seq = pretrain.uniter(batch["input_ids"], batch["txt_mask"], batch["img_feat"], batch["img_pos"], batch["img_mask"])
+        seq = pretrain.uniter(
+            batch["input_ids"], batch["txt_mask"], batch["img_feat"], batch["img_pos"], batch["img_mask"]
+        )
         p_match = F.softmax(pretrain.itm.classifier(pretrain.uniter.pool(seq)), -1)[:, 1]
     torch.testing.assert_close(torch.sigmoid(scores), p_match, atol=1e-6, rtol=1e-5)

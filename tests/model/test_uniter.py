@@ -76,16 +76,27 @@ def test_load_bert_weights_from_torch_file_and_shape_errors(tmp_path):
     assert torch.equal(model.encoder.layers[3].attention.qkv.weight[2 * 384 :], q)
     tiny = UniterModel(UniterConfig.from_preset("tiny"), img_dim=8)
     before = tiny.embeddings.norm.bias.clone()
-    with pytest.raises(ValueError, match=r"bert.pt: embeddings.LayerNorm.bias has shape \(384,\), the model expects \(32,\)"):
+    with pytest.raises(
+        ValueError, match=r"bert.pt: embeddings.LayerNorm.bias has shape \(384,\), the model expects \(32,\)"
+    ):
         load_bert_weights(tiny, pt)
     assert torch.equal(tiny.embeddings.norm.bias, before), "a failed load must not change the model"
+    grown = UniterModel(UniterConfig.from_preset("small", vocab_size=30530), img_dim=8)
+    new_rows = grown.embeddings.word_embeddings.weight[30522:].clone()
+    load_bert_weights(grown, pt)  # a tokenizer with 8 added tokens: BERT rows copied, new rows kept
+    assert torch.equal(grown.embeddings.word_embeddings.weight[:30522], state["embeddings.word_embeddings.weight"])
+    assert torch.equal(grown.embeddings.word_embeddings.weight[30522:], new_rows)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_bert_weights(model, tmp_path / "missing.safetensors")
 
 
 def _image_inputs(b, li, d, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(b, li, d, generator=gen), torch.rand(b, li, 7, generator=gen), torch.ones(b, li, dtype=torch.bool)
+    return (
+        torch.randn(b, li, d, generator=gen),
+        torch.rand(b, li, 7, generator=gen),
+        torch.ones(b, li, dtype=torch.bool),
+    )
 
 
 def test_padding_does_not_change_real_outputs():
