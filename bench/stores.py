@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             print(f"  {r['name']:<4} D={r['dim']:<4} C+1={r['classes']:<4} {r['images']} images: "
                   f"image DB {r['lmdb_per_s']:8.0f} ex/s   npz {r['npz_per_s']:7.0f} ex/s   "
-                  f"ratio {r['lmdb_per_s'] / r['npz_per_s']:5.1f}x   ({r['mb_per_example'] * r['lmdb_per_s']:6.0f} MB/s "
+                  f"ratio {r['lmdb_per_s'] / r['npz_per_s']:5.1f}x   "
+                  f"({r['mb_per_example'] * r['lmdb_per_s']:6.0f} MB/s "
                   f"of f16; build {r['images'] / r['build_s']:6.0f} img/s)")
             print(f"  {'':<4} size/image: DB {r['db_kib']:7.1f} KiB   npz(f16) {r['npz_kib']:7.1f} KiB   "
                   f"raw f32 {r['raw32_kib']:7.1f} KiB   DB/raw f32 {r['db_kib'] / r['raw32_kib']:5.2f}")

@@ -62,7 +62,8 @@ def write_text_db(out_dir: Path, spec: TextDbSpec, tok: WordPieceTokenizer, nbb:
             dropped["missing_image_db" if db not in nbb else "missing_image"] += 1
             continue
         kept.append(rec)
-    img_dbs = sorted({q.partition("/")[0] for rec in spec.records for q in rec["image_ids"] + rec.get("gt_image_ids", [])})
+    img_dbs = sorted({q.partition("/")[0] for rec in spec.records
+                      for q in rec["image_ids"] + rec.get("gt_image_ids", [])})
     counts = {"examples": len(kept), "input_rows": len(spec.records), "truncated": spec.truncated,
               "dropped": dict(sorted(dropped.items()))}
     if not kept:
@@ -137,7 +138,8 @@ def text_db_specs(params: Params, tok: WordPieceTokenizer, img_root: Path) -> li
     if "vcr" in datasets:
         add(vcr_specs(manifests / "vcr.parquet", tok, max_len=cfg.max_txt_len_vcr), {"vcr": manifests / "vcr.parquet"})
     if "nlvr2" in datasets:
-        add(nlvr2_specs(manifests / "nlvr2.parquet", tok, max_len=cfg.max_txt_len), {"nlvr2": manifests / "nlvr2.parquet"})
+        add(nlvr2_specs(manifests / "nlvr2.parquet", tok, max_len=cfg.max_txt_len),
+            {"nlvr2": manifests / "nlvr2.parquet"})
     if "snli_ve" in datasets:
         add(snli_ve_specs(manifests / "snli_ve.parquet", tok, max_len=cfg.max_txt_len),
             {"snli_ve": manifests / "snli_ve.parquet"})

