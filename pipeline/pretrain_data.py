@@ -66,18 +66,32 @@ class PretrainDataset(Dataset):
         meta = self.txt_dbs[0].meta
         self.special = meta["special_ids"]
         self.vocab_size = int(meta["vocab_size"])
-        self.examples = [(d, eid) for d, db in enumerate(self.txt_dbs) for eid in db.ids]
-        self.image_sets = [tuple(self.txt_dbs[d].txt2img[eid]) for d, eid in self.examples]
-        self.txt_lens = np.array([self.txt_dbs[d].id2len[eid] + 2 for d, eid in self.examples], dtype=np.int64)
-        self.img_lens = np.array([sum(img_dbs.num_regions(q) for q in imgs) for imgs in self.image_sets],
-                                 dtype=np.int64)
-        self.image_pool = sorted(set(self.image_sets)) if task == "itm" else []
+        # compact index (numpy, not per-example Python objects): real text DBs hold millions of rows
+        self._db_of = np.concatenate([np.full(len(db), d, dtype=np.int32) for d, db in enumerate(self.txt_dbs)])
+        self._pos = np.concatenate([np.arange(len(db), dtype=np.int64) for db in self.txt_dbs])
+        self.txt_lens = np.concatenate([np.fromiter((db.id2len[e] + 2 for e in db.ids), np.int64, len(db))
+                                        for db in self.txt_dbs])
+        self.img_lens = np.concatenate([
+            np.fromiter((sum(img_dbs.num_regions(q) for q in db.txt2img[e]) for e in db.ids), np.int64, len(db))
+            for db in self.txt_dbs])
+        self.image_pool = sorted({tuple(db.txt2img[e]) for db in self.txt_dbs for e in db.ids}) \
+            if task == "itm" else []
         if task == "itm" and len(self.image_pool) < 2:
             raise ValueError("itm needs at least two distinct images to draw negatives from")
         self.epoch = 0
 
     def __len__(self) -> int:
-        return len(self.examples)
+        return len(self._pos)
+
+    def example(self, index: int) -> tuple[int, str]:
+        """(text DB position, example id) of example ``index``."""
+        d = int(self._db_of[index])
+        return d, self.txt_dbs[d].ids[int(self._pos[index])]
+
+    def image_ids(self, index: int) -> tuple[str, ...]:
+        """The qualified image ids of example ``index`` (before any ITM swap)."""
+        d, eid = self.example(index)
+        return tuple(self.txt_dbs[d].txt2img[eid])
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -103,10 +117,10 @@ class PretrainDataset(Dataset):
         return {k: np.concatenate([r[k] for r in records]) for k in keys}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        d, eid = self.examples[index]
+        d, eid = self.example(index)
         record = self.txt_dbs[d][eid]
         g = self.generator(index)
-        images, itm_target = self.image_sets[index], 1
+        images, itm_target = tuple(record["image_ids"]), 1
         if self.task == "itm" and float(torch.rand(1, generator=g)) < self.itm_neg_prob:
             images, itm_target = self._negative_images(images, g), 0
         regions = self._regions(images)

@@ -28,7 +28,7 @@ def dataset(dbs, task, names=("pretrain_indomain_train",), **kw) -> PretrainData
 
 
 def original_ids(ds: PretrainDataset, i: int) -> list[int]:
-    d, eid = ds.examples[i]
+    d, eid = ds.example(i)
     return [CLS, *ds.txt_dbs[d][eid]["input_ids"].tolist(), SEP]
 
 
@@ -40,7 +40,7 @@ def test_lengths_come_from_side_files_and_cover_both_text_dbs(dbs):
     ds = dataset(dbs, "mlm", ("pretrain_indomain_train", "pretrain_outdomain_train"))
     assert len(ds) == 34 + 16
     for i in (0, 20, 49):
-        d, eid = ds.examples[i]
+        d, eid = ds.example(i)
         rec = ds.txt_dbs[d][eid]
         assert ds.txt_lens[i] == len(rec["input_ids"]) + 2
         assert ds.img_lens[i] == len(ds.img_dbs[rec["image_ids"][0]]["features"])
@@ -79,7 +79,7 @@ def test_region_tasks_mask_regions_only_and_keep_targets(dbs, task):
     assert (b["img_masked"].sum(1) >= 1).all() and not (b["img_masked"] & ~b["img_mask"]).any()
     assert torch.equal(b["img_feat_target"], b["img_feat"])
     assert b["img_soft_labels"].shape == (12, b["img_feat"].shape[1], 6)
-    d, eid = ds.examples[3]
+    d, eid = ds.example(3)
     image = ds.img_dbs[ds.txt_dbs[d][eid]["image_ids"][0]]
     np.testing.assert_array_equal(b["img_feat"][3, : n_regions[3]].numpy(), image["features"].astype(np.float32))
     np.testing.assert_array_equal(b["img_soft_labels"][3, : n_regions[3]].numpy(),
@@ -99,7 +99,7 @@ def test_itm_swaps_in_another_image_for_about_half_the_examples(dbs):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
             ex = ds[i]
-            own = ds.img_dbs[ds.image_sets[i][0]]["features"]
+            own = ds.img_dbs[ds.image_ids(i)[0]]["features"]
             same = ex["img_feat"].shape == own.shape and np.array_equal(ex["img_feat"], own)
             targets.append(ex["itm_target"])
             swapped_ok.append(same == (ex["itm_target"] == 1))
@@ -121,7 +121,7 @@ def test_examples_are_a_function_of_seed_epoch_and_index(dbs):
 
 def test_vcr_concatenates_given_and_detected_regions(dbs):
     ds = dataset(dbs, "mrc_kl", ("pretrain_vcr_train",))
-    d, eid = ds.examples[0]
+    d, eid = ds.example(0)
     gt, det = (ds.img_dbs[q] for q in ds.txt_dbs[d][eid]["image_ids"])
     ex = ds[0]
     assert ds.img_lens[0] == len(gt["features"]) + len(det["features"]) == len(ex["img_feat"])
