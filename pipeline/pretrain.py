@@ -253,7 +253,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         finally:
             logger.close()
         text_only = {}
-        if val.get("mlm"):
+        if "mlm" in val and cfg.val_batches:  # the same decision on every rank: evaluate is a collective
             def without_image(batch: dict[str, Any]) -> dict[str, Any]:
                 return prepare({**batch, "img_mask": torch.zeros_like(batch["img_mask"])})
 
@@ -315,7 +315,7 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
                          "parameters": sum(p.numel() for p in engine.module.parameters())}
         record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
         with atomic_dir(plan.out_dir) as tmp:
-            save_safetensors(state, tmp / MODEL_FILE, metadata={"format": "pt", "stage": plan.stage})
+            save_safetensors(state, tmp / MODEL_FILE)
             atomic_write_json(tmp / CONFIG_FILE, model_json(spec, txt_meta, stage=plan.stage, steps=plan.steps))
             atomic_write_json(tmp / "eval.json", report)
             record.write(tmp)

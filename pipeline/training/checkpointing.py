@@ -180,9 +180,13 @@ def consolidated_state_dict(engine, checkpoint_root: Path, step: int, zero_stage
     return out
 
 
-def save_safetensors(state: Mapping[str, torch.Tensor], path: Path, metadata: Mapping[str, str] | None = None) -> None:
-    """Write a plain safetensors file (keys sorted, shared tensors copied) atomically."""
+def save_safetensors(state: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Write a plain safetensors file (keys sorted, shared tensors copied) atomically.
+
+    The only metadata is ``format: pt``: safetensors writes a metadata map in no fixed order, so a
+    second entry would make the bytes differ between two identical runs.
+    """
     from safetensors.torch import save
 
     tensors = {k: state[k].contiguous().clone() for k in sorted(state)}
-    atomic_write_bytes(path, save(tensors, metadata=dict(metadata or {})))
+    atomic_write_bytes(path, save(tensors, metadata={"format": "pt"}))

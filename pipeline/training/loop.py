@@ -150,5 +150,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             })
         interval_start += time.perf_counter() - paused  # validation and saving are not training time
     bar.close()
+    if start == s.total_steps and val_batches:  # resumed from the final checkpoint: nothing left to train
+        last_val = evaluate(engine, val_batches, prepare=prepare, module=engine.module)
     return LoopResult(start_step=start, final_step=s.total_steps, last_val=last_val, last_train=last_train,
                       task_digest=task_digest)

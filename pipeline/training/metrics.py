@@ -9,6 +9,7 @@ Means are reduced over ranks before they are logged; only rank 0 writes.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -77,16 +78,39 @@ class RunningMeans:
 
 
 def truncate_dvclive(directory: Path, after_step: int) -> None:
-    """Drop rows with step > ``after_step`` from dvclive's step files (they are redone on resume)."""
-    for tsv in sorted((Path(directory) / "plots" / "metrics").rglob("*.tsv")):
+    """Make dvclive's files look as they did at ``after_step`` (a resumed run redoes later steps).
+
+    Rows with step > ``after_step`` are dropped from every ``plots/metrics/**.tsv``, and so is a
+    half-written last row left by a kill. ``metrics.json`` (the summary, possibly half-written too)
+    is rebuilt from each file's last remaining row.
+    """
+    directory = Path(directory)
+    summary: dict[str, Any] = {}
+    plots = directory / "plots" / "metrics"
+    for tsv in sorted(plots.rglob("*.tsv")):
         with tsv.open(newline="") as fh:
             rows = list(csv.reader(fh, delimiter="\t"))
-        if not rows:
+        if not rows or "step" not in rows[0]:
             continue
-        step_col = rows[0].index("step")
-        kept = [rows[0]] + [r for r in rows[1:] if int(r[step_col]) <= after_step]
+        header, step_col = rows[0], rows[0].index("step")
+        kept = [header]
+        for r in rows[1:]:
+            try:
+                if len(r) == len(header) and int(r[step_col]) <= after_step:
+                    float(r[1 - step_col])
+                    kept.append(r)
+            except ValueError:
+                continue  # a row cut short by the kill
         with tsv.open("w", newline="") as fh:
             csv.writer(fh, delimiter="\t", lineterminator="\n").writerows(kept)
+        if len(kept) > 1:
+            node = summary
+            parts = tsv.relative_to(plots).with_suffix("").parts
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = float(kept[-1][1 - step_col])
+    summary["step"] = after_step
+    (directory / "metrics.json").write_text(json.dumps(summary, indent=4) + "\n")
 
 
 class MetricsLogger:

@@ -129,6 +129,12 @@ def _env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
+def _complete(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(cmd[3:5])} failed with status {result.returncode}:\n{result.stderr[-4000:]}")
+
+
 def _run_until_killed(cmd: list[str], loss_file: Path, *, kill_after_step: int, timeout: float = 300) -> None:
     """Start ``cmd`` in its own process group; SIGKILL the whole group once ``loss_file`` shows the step."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), start_new_session=True, stdout=subprocess.DEVNULL,
@@ -152,13 +158,12 @@ def _run_until_killed(cmd: list[str], loss_file: Path, *, kill_after_step: int, 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_identical_result(data):
     common = ("pretrain.steps=14", "pretrain.checkpoint_every=4", "pretrain.val_every=7")
-    subprocess.run(_cli(data, *common, "pretrain.out_name=reference"), cwd=ROOT, env=_env(), check=True,
-                   capture_output=True)
+    _complete(_cli(data, *common, "pretrain.out_name=reference"))
     killed = _cli(data, *common, "pretrain.out_name=killed")
     loss = data / "metrics/killed/plots/metrics/train/loss.tsv"
     _run_until_killed(killed, loss, kill_after_step=6)
     assert any((data / "checkpoints/killed").glob("step_*/COMPLETE"))
-    subprocess.run(killed, cwd=ROOT, env=_env(), check=True, capture_output=True)
+    _complete(killed)
 
     run = json.loads((data / "models/killed/_run.json").read_text())
     assert run["counts"]["resumed_from_step"] >= 4
@@ -175,7 +180,7 @@ def test_two_cpu_ranks_through_the_deepspeed_launcher(data):
                "pretrain.val_every=5", "pretrain.out_name=two_ranks")
     _run_until_killed(cmd, data / "metrics/two_ranks/plots/metrics/train/loss.tsv", kill_after_step=6)
     assert len(list((data / "checkpoints/two_ranks").glob("step_*/trainer_state_rank*.pt"))) >= 2
-    subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True)  # resumes both ranks
+    _complete(cmd)  # resumes both ranks
 
     run = json.loads((data / "models/two_ranks/_run.json").read_text())
     assert run["counts"]["world_size"] == 2 and run["counts"]["resumed_from_step"] >= 4
