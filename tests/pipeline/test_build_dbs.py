@@ -268,3 +268,64 @@ def test_db_cli_inspect_and_stats(built, capsys):
     out = capsys.readouterr().out
     assert "examples" in out and "34" in out and "truncated" in out and "text tokens per example" in out
     assert db_main(["stats", str(data)]) == 2
+
+
+@pytest.mark.slow
+def test_build_dbs_on_real_mini_world_manifests(tmp_path):
+    """mini_world -> ingest -> decontaminate for real; features synthetic (the detector is slow to fit)."""
+    from pipeline import decontaminate, ingest
+    from pipeline.config import load_params, to_dict
+    from pipeline.mini_world import generate, small_config
+    from dbs_synthetic import write_features
+
+    base = load_params(ROOT / "params.yaml")
+    world = tmp_path / "raw"
+    generate(small_config(world), base.seed, world, base.decontaminate.eval_splits, progress=False)
+    default_root = str(base.mini_world.out_dir)
+    overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world), 1)}"
+                 for ds, section in to_dict(base.sources).items() for key, value in section.items()
+                 if str(value).startswith(default_root)] + [f"paths.data={tmp_path / 'data'}"]
+    params = load_params(ROOT / "params.yaml", overrides)
+    ingest.run(params)
+    decontaminate.run(params)
+    data = tmp_path / "data"
+    frames = {p.stem: pd.read_parquet(p) for p in sorted((data / "manifests").glob("*.parquet"))
+              if not p.name.endswith(".rejects.parquet")}
+    frames.update({f"clean_{p.stem}": pd.read_parquet(p) for p in (data / "clean").glob("*.parquet")})
+    needed: dict[str, set[str]] = {}
+    for frame in frames.values():
+        for source, image_id in zip(frame["image_source"], frame["image_id"]):
+            needed.setdefault(source, set()).add(str(image_id))
+    needed.setdefault("nlvr2", set()).update(frames["nlvr2"]["image_id_2"].astype(str))
+    for k, source in enumerate(sorted(needed)):
+        write_features(data / "features", source, sorted(needed[source]), seed=k, shard_size=64)
+    vcr = frames["vcr"].drop_duplicates("image_id")
+    given = {i: np.zeros((len(json.loads(o)), 4), np.float32) for i, o in zip(vcr["image_id"], vcr["objects"])}
+    write_features(data / "features", "vcr_gt", sorted(given), seed=99, shard_size=64, boxes_of=given)
+
+    counts = run(params)
+    assert set(counts["txt"]) == TEXT_DBS
+    assert all(c["dropped"] == {} and "skipped" not in c and c["examples"] > 0 for c in counts["txt"].values())
+    txt = data / "db" / "txt"
+    qa = TextDb(txt / "vcr_qa_train")
+    tags = qa.meta["obj_tags"]["ids"]
+    for eid in qa.ids:  # every object tag points at a given box of the example's image
+        rec = qa[eid]
+        used = [tags.index(t) for t in rec["input_ids"].tolist() + sum((c.tolist() for c in rec["choices"]), [])
+                if t in tags]
+        gt_db, _, image_id = rec["image_ids"][0].partition("/")
+        assert max(used) < len(rec["objects"]) == ImageDb(data / "db" / "img" / gt_db).nbb[image_id]
+    vqa = TextDb(txt / "vqa_train")
+    ans2label = json.loads((vqa.path / "ans2label.json").read_text())
+    manifest = frames["vqa"].set_index("example_id")
+    for eid in vqa.ids[:40]:
+        rec = vqa[eid]
+        answers = [normalize_answer(a) for a in manifest.loc[eid, "answers"]]
+        expected = {ans2label[a]: answer_score(answers.count(a)) for a in set(answers) if a in ans2label}
+        assert dict(zip(rec["answer_labels"].tolist(), rec["answer_scores"].tolist())) == pytest.approx(expected)
+    nl = TextDb(txt / "nlvr2_dev")
+    assert all(len(nl[e]["image_ids"]) == 2 and nl[e]["label"] in (0, 1) for e in nl.ids)
+    ref = TextDb(txt / "refcoco_plus_val")
+    assert all(ref[e]["target_index"] >= 0 for e in ref.ids)  # the referred box is among the image's gt boxes
+    clean_cc_val = frames["clean_cc"].query("split == 'val'")["example_id"].tolist()
+    assert TextDb(txt / "pretrain_outdomain_val").ids == sorted(clean_cc_val)
