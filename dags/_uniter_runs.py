@@ -33,6 +33,9 @@ if str(REPO_ROOT) not in sys.path:
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # a `--set` key: a dotted params path (section.key[.subkey...])
 OVERRIDE_KEY_PATTERN = r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
+# stages that dvc.yaml runs as a module of their own (`python -m pipeline.plots`), not through the
+# stage registry of `python -m pipeline`
+MODULE_STAGES = {"plots": "pipeline.plots"}
 PARAMS_FILE = "params.yaml"
 OUTPUTS_FILE = "outputs.json"
 
@@ -151,6 +154,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def stage_command(stage: str, item: str | None, params_file: str) -> list[str]:
     """The exact command DVC's dvc.yaml runs for ``stage[@item]``, with the run's params file."""
+    if stage in MODULE_STAGES:
+        return [sys.executable, "-m", MODULE_STAGES[stage], "--params", params_file]
     return [sys.executable, "-m", "pipeline", stage, *([item] if item else []), "--params", params_file]
 
 

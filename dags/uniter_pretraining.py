@@ -147,6 +147,11 @@ def uniter_pretraining():
         _run_stage(run, "results")
 
     @task
+    def plots(run: dict) -> None:
+        """Training curves as PNG/SVG under data/reports/plots (viewable offline)."""
+        _run_stage(run, "plots")
+
+    @task
     def record(run: dict) -> dict:
         """outputs.json: a digest of every stage output, beside the run's params."""
         rec = runs.record_outputs(run)
@@ -166,9 +171,12 @@ def uniter_pretraining():
     second = pretrain_vcr(run)
     tuned = finetune.partial(run=run).expand(finetune_task=items.override(task_id="tasks")(run, "tasks"))
     table = results(run)
+    curves = plots(run)
+    done = record(run)
     world >> ingested >> cleaned >> features
     world >> detector >> features
-    features >> dbs >> first >> second >> tuned >> table >> record(run)
+    features >> dbs >> first >> second >> tuned >> table >> done
+    second >> curves >> done
 
 
 uniter_pretraining()

@@ -44,12 +44,14 @@ def test_dag_folder_imports_cleanly_and_holds_only_the_dag():
 
 def test_tasks_run_in_stage_order():
     dag = the_dag()
-    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "datasets", "image_sources", "tasks"}
+    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "plots", "datasets", "image_sources", "tasks"}
     for before, after in zip(CHAIN, CHAIN[1:]):
         assert before in dag.get_task(after).get_flat_relative_ids(upstream=True), f"{before} must precede {after}"
     extract_upstream = dag.get_task("extract").get_flat_relative_ids(upstream=True)
     assert {"train_detector", "image_sources"} <= extract_upstream
     assert "mini_world" in dag.get_task("train_detector").upstream_task_ids
+    assert dag.get_task("plots").upstream_task_ids == {"prepare", "pretrain_vcr"}
+    assert "plots" in dag.get_task("record").upstream_task_ids
 
 
 def test_stages_map_over_datasets_sources_and_tasks():
@@ -174,12 +176,13 @@ def test_a_misspelled_override_fails_in_prepare_naming_the_key(tmp_path):
         runs.prepare_run({"run_name": "bad", "overrides": {"pretrain.stepz": 3}}, "m", repo_root=make_repo(tmp_path))
 
 
-def test_a_task_runs_the_same_stage_command_as_dvc():
-    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    cmd = runs.stage_command("extract", "coco", "runs/r/params.yaml")
+@pytest.mark.parametrize("stage, item", [("extract", "coco"), ("build_dbs", None), ("plots", None)])
+def test_a_task_runs_the_same_stage_command_as_dvc(stage, item):
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
+    dvc_cmd = (dvc["do"]["cmd"] if "do" in dvc else dvc["cmd"]).replace("${key}", str(item))
+    cmd = runs.stage_command(stage, item, "runs/r/params.yaml")
     assert cmd[0] == sys.executable
-    assert " ".join(cmd[1:]) == dvc["extract"]["do"]["cmd"].replace("python ", "").replace("${key}", "coco") \
-        + " --params runs/r/params.yaml"
+    assert " ".join(["python", *cmd[1:]]) == dvc_cmd + " --params runs/r/params.yaml"
 
 
 def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path):
