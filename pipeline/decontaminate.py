@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.arrow_sort import take_sorted
 from pipeline.eval_set import (
     IMAGE_COLUMNS,
+    KEY_SEP,
     EvalIndex,
     string_columns,
     identity_keys,
@@ -68,29 +71,74 @@ class DatasetResult:
     samples: list[dict]
 
 
-def distinct_images(table: pa.Table) -> pa.Table:
-    """Distinct combinations of the identity columns (IMAGE_COLUMNS, strings) of a manifest."""
-    cols = string_columns(table, IMAGE_COLUMNS)
-    return cols.group_by(list(IMAGE_COLUMNS), use_threads=False).aggregate([])
+def row_image_keys(rows: pa.Table) -> tuple[pa.Array, str]:
+    """(key of each row's image, prefix) such that prefix + key is the image key ``source\\x1fid``.
+
+    A pretraining manifest has one image source, so its ``image_id`` column serves as the key
+    (no per-row string building); with several sources the full keys are built.
+    """
+    sources = pc.unique(rows.column("image_source")).to_pylist()
+    if len(sources) == 1 and sources[0] is not None:
+        return rows.column("image_id").combine_chunks().cast(pa.string()), sources[0] + KEY_SEP
+    return image_key_array(rows), ""
 
 
-def find_key_matches(images: pa.Table, index: EvalIndex) -> dict[str, ImageMatch]:
-    """Image key -> ImageMatch for every image (row of ``images``) with an identity key in ``index``."""
-    matches: dict[str, ImageMatch] = defaultdict(ImageMatch)
-    image_keys = image_key_array(images)
-    for kind, arrays in identity_keys(images, eval_side=False).items():
-        lookup = index.keys[kind]
+def _chunk_hits(rows: pa.Table, row_keys: pa.Array, prefix: str, index: EvalIndex) -> dict[str, list[tuple[str, str]]]:
+    """Kind -> [(image key, identity key)] of the rows of one chunk whose keys are in ``index``."""
+    hits: dict[str, list[tuple[str, str]]] = {}
+    source = prefix[: -len(KEY_SEP)] if prefix else None
+    keys = identity_keys(rows, eval_side=False, image=source is None or source in index.sources)
+    for kind, arrays in keys.items():
         for arr in arrays:
             hit = pc.fill_null(pc.is_in(arr, value_set=index.value_sets[kind]), False)
             idx = np.flatnonzero(hit.to_numpy(zero_copy_only=False))
-            if len(idx) == 0:
-                continue
-            take = pa.array(idx)
-            for img, key in zip(image_keys.take(take).to_pylist(), arr.take(take).to_pylist()):
-                match = matches[img]
-                match.reasons.add(KIND_REASON[kind])
-                match.refs.update(lookup[key])
+            if len(idx):
+                take = pa.array(idx)
+                images = [prefix + k for k in row_keys.take(take).to_pylist()]
+                hits.setdefault(kind, []).extend(zip(images, arr.take(take).to_pylist()))
+    return hits
+
+
+def find_key_matches(rows: pa.Table, index: EvalIndex, *, workers: int = 1,
+                     row_keys: tuple[pa.Array, str] | None = None) -> dict[str, ImageMatch]:
+    """Image key -> ImageMatch for every image with an identity key in ``index``.
+
+    Keys are computed per row with Arrow kernels (most rows cost one regular-expression pass) and
+    looked up in the eval key sets at once; only the (few) hit rows are visited in Python. Chunks
+    of rows run on ``workers`` threads (Arrow kernels release the GIL).
+
+    Args:
+        rows: IMAGE_COLUMNS of the manifest (strings, null where unknown).
+        row_keys: :func:`row_image_keys` of ``rows`` if already computed.
+    """
+    keys, prefix = row_keys if row_keys is not None else row_image_keys(rows)
+    # one chunk per worker: every pc.is_in call hashes its value set again, so fewer chunks are cheaper
+    chunk_rows = max(1 << 16, -(-rows.num_rows // max(1, workers)))
+    chunks = [(rows.slice(start, chunk_rows), keys.slice(start, chunk_rows))
+              for start in range(0, rows.num_rows, chunk_rows)]
+    if workers > 1 and len(chunks) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            per_chunk = list(pool.map(lambda chunk: _chunk_hits(*chunk, prefix, index), chunks))
+    else:
+        per_chunk = [_chunk_hits(*chunk, prefix, index) for chunk in chunks]
+    matches: dict[str, ImageMatch] = defaultdict(ImageMatch)
+    for kind in KIND_REASON:
+        hits = [hit for chunk in per_chunk for hit in chunk.get(kind, [])]
+        lookup = index.refs_for(kind, (key for _, key in hits)) if hits else {}
+        for img, key in hits:
+            match = matches[img]
+            match.reasons.add(KIND_REASON[kind])
+            match.refs.update(lookup[key])
     return dict(matches)
+
+
+def image_paths(rows: pa.Table) -> tuple[list[str], list[str | None]]:
+    """(image key, first image_path) of every distinct image of a manifest, sorted by key."""
+    paths = rows.select(["image_source", "image_id", "image_path"]).group_by(
+        ["image_source", "image_id"], use_threads=False).aggregate([("image_path", "min")])
+    keys = image_key_array(paths)
+    order = pc.sort_indices(keys)
+    return keys.take(order).to_pylist(), paths.column("image_path_min").take(order).to_pylist()
 
 
 class NearDuplicateFinder:
@@ -144,6 +192,7 @@ def decontaminate_dataset(
     *,
     finder: NearDuplicateFinder | None,
     val_coco_ids: set[str] | None = None,
+    workers: int = 1,
 ) -> DatasetResult:
     """Remove the eval images from one pretraining manifest; build its report.
 
@@ -152,32 +201,24 @@ def decontaminate_dataset(
         rejects: its ingest rejects (``reason`` column), counted in the report.
         finder: pHash search, or None to skip near duplicates.
         val_coco_ids: COCO ids of pretraining-val COCO images; VG rows of these images become val.
+        workers: threads for the key matching and the counting.
 
     Returns:
         clean table (kept rows, split train|val, sorted by example_id), report dict (DESIGN.md §4),
         samples (removed images with paths, for thumbnails).
     """
-    images = distinct_images(manifest)
-    matches = find_key_matches(images, index)
-    if finder is not None:
-        paths = images.select(["image_source", "image_id", "image_path"]).group_by(
-            ["image_source", "image_id"], use_threads=False).aggregate([("image_path", "min")])
-        near = finder.find(image_key_array(paths).to_pylist(), paths.column("image_path_min").to_pylist(),
-                           desc=f"phash {dataset}")
-        for key, refs in near.items():
-            match = matches.setdefault(key, ImageMatch())
-            match.reasons.add("near_duplicate")
-            match.refs.update(refs)
-
-    row_keys = image_key_array(manifest)
-    removed_mask = pc.is_in(row_keys, value_set=pa.array(sorted(matches), pa.large_string()))
-    clean = manifest.filter(pc.invert(removed_mask))
-    split_at = clean.schema.get_field_index("split")
-    clean = clean.set_column(split_at, clean.schema.field(split_at),  # keeps type and nullability
-                             pretrain_split(clean, dataset, val_coco_ids=val_coco_ids))
-    clean = clean.sort_by([("example_id", "ascending")])
-
-    removed = _removed_entries(images, matches)
+    rows = string_columns(manifest, IMAGE_COLUMNS)
+    row_keys, prefix = row_image_keys(rows)
+    with ThreadPoolExecutor(1) as pool:
+        input_images_job = pool.submit(lambda: pc.count_distinct(row_keys).as_py())
+        matches = find_key_matches(rows, index, workers=workers, row_keys=(row_keys, prefix))
+        if finder is not None:
+            add_near_duplicates(matches, rows, finder, desc=f"phash {dataset}")
+        removed_keys = pa.array(sorted(k[len(prefix):] for k in matches), row_keys.type)
+        removed_mask = pc.is_in(row_keys, value_set=removed_keys)
+        clean = _clean_rows(dataset, manifest.filter(pc.invert(removed_mask)), val_coco_ids, workers)
+        input_images = input_images_job.result()
+    removed = _removed_entries(rows.filter(removed_mask), row_keys.filter(removed_mask), prefix, matches)
     removed_images = {r: 0 for r in REASONS}
     for entry in removed:
         removed_images[entry["reason"]] += 1
@@ -187,9 +228,9 @@ def decontaminate_dataset(
     report = {
         "dataset": dataset,
         "input_rows": manifest.num_rows + rejects.num_rows,
-        "input_images": len(pc.unique(row_keys)),
+        "input_images": input_images,
         "kept_rows": clean.num_rows,
-        "kept_images": len(pc.unique(image_key_array(clean))) if clean.num_rows else 0,
+        "kept_images": input_images - len(matches),  # removal takes every row of an image
         "removed_rows": int(pc.sum(removed_mask).as_py() or 0),
         "removed_images": removed_images,
         "removed": [{k: e[k] for k in ("image_id", "url", "reason", "matched_eval")} for e in removed],
@@ -199,13 +240,33 @@ def decontaminate_dataset(
     return DatasetResult(clean=clean, report=report, samples=removed)
 
 
-def _removed_entries(images: pa.Table, matches: dict[str, ImageMatch]) -> list[dict]:
-    """One dict per removed image (image_id, url, reason, matched_eval, image_path), report order."""
-    keys = image_key_array(images).to_pylist()
+def add_near_duplicates(matches: dict[str, ImageMatch], rows: pa.Table, finder: NearDuplicateFinder, *,
+                        desc: str) -> None:
+    """Add the pHash near-duplicate matches of the images of ``rows`` to ``matches`` (in place)."""
+    keys, paths = image_paths(rows)
+    for key, refs in finder.find(keys, paths, desc=desc).items():
+        match = matches.setdefault(key, ImageMatch())
+        match.reasons.add("near_duplicate")
+        match.refs.update(refs)
+
+
+def _clean_rows(dataset: str, kept: pa.Table, val_coco_ids: set[str] | None, workers: int) -> pa.Table:
+    """The kept rows with split train|val, sorted by example_id."""
+    split_at = kept.schema.get_field_index("split")
+    kept = kept.set_column(split_at, kept.schema.field(split_at),  # keeps type and nullability
+                           pretrain_split(kept, dataset, val_coco_ids=val_coco_ids))
+    return take_sorted(kept, "example_id", workers=workers)
+
+
+def _removed_entries(rows: pa.Table, row_keys: pa.Array, prefix: str, matches: dict[str, ImageMatch]) -> list[dict]:
+    """One dict per removed image (image_id, url, reason, matched_eval, image_path), report order.
+
+    ``rows``/``row_keys``: the manifest rows of the removed images; an image's url and path are the
+    smallest of its rows' (any choice would do; this one does not depend on row order).
+    """
     info: dict[str, dict] = {}
-    for key, image_id, url, path in zip(keys, *(images.column(c).to_pylist() for c in ("image_id", "url", "image_path"))):
-        if key not in matches:
-            continue
+    columns = (rows.column(c).to_pylist() for c in ("image_id", "url", "image_path"))
+    for key, image_id, url, path in zip((prefix + k for k in row_keys.to_pylist()), *columns):
         entry = info.setdefault(key, {"image_id": image_id, "url": None, "image_path": None})
         if url is not None and (entry["url"] is None or url < entry["url"]):
             entry["url"] = url
@@ -275,7 +336,7 @@ def run(params) -> dict[str, dict]:
         record.inputs[f"manifest_{dataset}"] = path
         results[dataset] = decontaminate_dataset(
             dataset, read_manifest(path), _read_rejects(manifest_dir, dataset), index, finder=finder,
-            val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None,
+            val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None, workers=cfg.workers,
         )
         if dataset == "coco":
             val_coco_ids = _val_coco_ids(results[dataset])

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -68,21 +69,23 @@ def bare_flickr_ids(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def image_key_array(table: pa.Table) -> pa.Array:
-    """``source\\x1fid`` for every row of a table with ``image_source`` and ``image_id`` columns."""
-    src = table.column("image_source").combine_chunks().cast(pa.large_string())
-    ids = table.column("image_id").combine_chunks().cast(pa.large_string())
-    return pc.binary_join_element_wise(src, ids, pa.scalar(KEY_SEP, pa.large_string()))
+    """``source\\x1fid`` (string) for every row of a table with ``image_source`` and ``image_id`` columns."""
+    src = table.column("image_source").combine_chunks().cast(pa.string())
+    ids = table.column("image_id").combine_chunks().cast(pa.string())
+    return pc.binary_join_element_wise(src, ids, pa.scalar(KEY_SEP, pa.string()))
 
 
-def identity_keys(table: pa.Table, *, eval_side: bool) -> dict[str, list[pa.Array]]:
+def identity_keys(table: pa.Table, *, eval_side: bool, image: bool = True) -> dict[str, list[pa.Array]]:
     """Every identity key of every row, per kind (a kind may have several arrays, e.g. two URL columns).
 
     ``table`` has the string columns of IMAGE_COLUMNS (null where unknown). Each array has one
     element per row, null where the row has no key of that source. The ``coco_id`` key of an eval
     image is its own id when it is a COCO image; of a pretraining image, its ``coco_id`` column (VG).
+    ``image=False`` leaves out the ``image`` keys (when no eval image can share the source).
     """
     keys: dict[str, list[pa.Array]] = {k: [] for k in KEY_KINDS}
-    keys["image"].append(image_key_array(table))
+    if image:
+        keys["image"].append(image_key_array(table).cast(pa.large_string()))
     if eval_side:
         is_coco = pc.equal(table.column("image_source"), "coco")
         coco_ids = pc.if_else(is_coco, table.column("image_id"), None)
@@ -144,37 +147,65 @@ def read_eval_images(manifest_dir: Path, eval_splits: Mapping[str, tuple[str, ..
     return table.select(list(EVAL_COLUMNS)).sort_by([(c, "ascending") for c in EVAL_COLUMNS])
 
 
+def _group_refs(table: pa.Table) -> dict[str, tuple[str, ...]]:
+    """{key: (ref, ...)} of a (key, ref) table sorted by key then ref."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for key, ref in zip(table.column("key").to_pylist(), table.column("ref").to_pylist()):
+        out[key].append(ref)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 @dataclass
 class EvalIndex:
-    """Identity keys of the eval images -> sorted refs; plus each image's path for thumbnails/pHash."""
+    """Identity keys of the eval images, each with the refs it names; built without Python loops.
 
-    keys: dict[str, dict[str, tuple[str, ...]]]
+    ``pairs[kind]``: distinct (key, ref) rows sorted by key then ref; ``value_sets[kind]``: the
+    distinct keys (for ``pc.is_in``); ``images``: (image key, ref, image_path) of every eval row.
+    Dict views (:attr:`image_paths`, :attr:`image_refs`, :attr:`ref_images`) are built on first use.
+    """
+
+    pairs: dict[str, pa.Table]
     value_sets: dict[str, pa.Array]
-    image_paths: dict[str, str]  # image key -> path
-    image_refs: dict[str, tuple[str, ...]]  # image key -> refs
-    ref_images: dict[str, str] = field(default_factory=dict)  # ref -> image key
+    images: pa.Table
+    sources: frozenset[str]  # image sources of the eval images
 
     @classmethod
     def build(cls, images: pa.Table) -> "EvalIndex":
         """Index a table of eval rows (EVAL_COLUMNS, e.g. from :func:`read_eval_images`)."""
-        refs = images.column("ref").to_pylist()
-        collected: dict[str, dict[str, set[str]]] = {k: defaultdict(set) for k in KEY_KINDS}
+        refs = images.column("ref").combine_chunks().cast(pa.string())
+        pairs, value_sets = {}, {}
         for kind, arrays in identity_keys(images, eval_side=True).items():
-            for arr in arrays:
-                for ref, key in zip(refs, arr.to_pylist()):
-                    if key is not None:
-                        collected[kind][key].add(ref)
-        keys = {k: {key: tuple(sorted(v)) for key, v in d.items()} for k, d in collected.items()}
-        value_sets = {k: pa.array(sorted(d), type=pa.large_string()) for k, d in keys.items()}
-        image_paths: dict[str, str] = {}
-        ref_images: dict[str, str] = {}
-        image_keys = image_key_array(images).to_pylist()
-        for ref, ikey, path in zip(refs, image_keys, images.column("image_path").to_pylist()):
-            ref_images.setdefault(ref, ikey)
-            if path is not None:
-                image_paths.setdefault(ikey, path)
-        return cls(keys=keys, value_sets=value_sets, image_paths=image_paths,
-                   image_refs=keys["image"], ref_images=ref_images)
+            parts = [pa.table({"key": arr, "ref": refs}).filter(pc.is_valid(arr)) for arr in arrays]
+            table = pa.concat_tables(parts).group_by(["key", "ref"], use_threads=False).aggregate([])
+            pairs[kind] = table.sort_by([("key", "ascending"), ("ref", "ascending")])
+            value_sets[kind] = pc.unique(pairs[kind].column("key"))
+        rows = pa.table({"image_key": image_key_array(images), "ref": refs,
+                         "image_path": images.column("image_path").cast(pa.string())})
+        sources = frozenset(pc.unique(images.column("image_source").drop_null()).to_pylist())
+        return cls(pairs=pairs, value_sets=value_sets, images=rows, sources=sources)
+
+    def refs_for(self, kind: str, keys: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """{key: sorted refs} for the given keys of one kind (keys absent from the index are left out)."""
+        wanted = pa.array(sorted(set(keys)), pa.large_string())
+        table = self.pairs[kind]
+        return _group_refs(table.filter(pc.is_in(table.column("key"), value_set=wanted)))
+
+    @cached_property
+    def image_refs(self) -> dict[str, tuple[str, ...]]:
+        """Image key -> sorted refs of every eval image."""
+        return _group_refs(self.pairs["image"])
+
+    @cached_property
+    def image_paths(self) -> dict[str, str]:
+        """Image key -> file (the smallest path when rows disagree) of every eval image with a path."""
+        rows = self.images.filter(pc.is_valid(self.images.column("image_path")))
+        rows = rows.group_by(["image_key"], use_threads=False).aggregate([("image_path", "min")])
+        return dict(zip(rows.column("image_key").to_pylist(), rows.column("image_path_min").to_pylist()))
+
+    @cached_property
+    def ref_images(self) -> dict[str, str]:
+        """Ref -> image key."""
+        return dict(zip(self.images.column("ref").to_pylist(), self.images.column("image_key").to_pylist()))
 
     def __len__(self) -> int:
-        return len(self.image_refs)
+        return len(self.value_sets["image"])

@@ -37,7 +37,22 @@ _PATH_SAFE = _UNRESERVED | _SUB_DELIMS | frozenset(":@/")
 _QUERY_SAFE = _PATH_SAFE | frozenset("?")
 _USERINFO_SAFE = _UNRESERVED | _SUB_DELIMS | frozenset(":")
 
-_HEX = frozenset("0123456789abcdefABCDEF")
+def _escape_pattern(safe: frozenset[str]) -> re.Pattern:
+    """Matches what normalization may change: an escape ``%XX`` or one character outside ``safe``."""
+    chars = "".join(sorted(safe)).replace("\\", "\\\\").replace("]", "\\]").replace("^", "\\^").replace("-", "\\-")
+    return re.compile(r"%[0-9A-Fa-f]{2}|[^" + chars + "]", re.DOTALL)
+
+
+def _fix_escape(match: re.Match) -> str:
+    text = match.group(0)
+    if len(text) == 3:  # %XX
+        decoded = chr(int(text[1:], 16))
+        return decoded if decoded in _UNRESERVED else text.upper()
+    # a lone '%' or a character that may not appear literally: its UTF-8 bytes, escaped
+    return "".join(f"%{b:02X}" for b in text.encode("utf-8", "surrogatepass"))
+
+
+_ESCAPES: dict[frozenset[str], re.Pattern] = {}
 
 
 def normalize_percent_encoding(text: str, safe: frozenset[str]) -> str:
@@ -47,23 +62,10 @@ def normalize_percent_encoding(text: str, safe: frozenset[str]) -> str:
     not followed by two hex digits becomes ``%25``; characters outside ``safe`` are encoded as
     their UTF-8 bytes. The result is a fixed point: normalizing it again changes nothing.
     """
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "%":
-            if i + 2 < n and text[i + 1] in _HEX and text[i + 2] in _HEX:
-                decoded = chr(int(text[i + 1 : i + 3], 16))
-                out.append(decoded if decoded in _UNRESERVED else "%" + text[i + 1 : i + 3].upper())
-                i += 3
-                continue
-            out.append("%25")
-        elif ch in safe:
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-        i += 1
-    return "".join(out)
+    pattern = _ESCAPES.get(safe)
+    if pattern is None:
+        pattern = _ESCAPES[safe] = _escape_pattern(safe)
+    return pattern.sub(_fix_escape, text)
 
 
 def remove_dot_segments(path: str) -> str:

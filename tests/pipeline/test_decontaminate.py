@@ -270,3 +270,69 @@ def test_missing_manifest_is_named(tmp_path):
     (tmp_path / "manifests").mkdir()
     with pytest.raises(FileNotFoundError, match=r"coco\.parquet does not exist"):
         decontaminate.run(_params(tmp_path))
+
+
+# --------------------------------------------------------------------------------------------
+# the real chain: mini world -> ingest -> decontaminate, against planted.json
+
+
+@pytest.fixture(scope="module")
+def mini_chain(tmp_path_factory):
+    """A small mini world, ingested, then decontaminated through the stage CLI."""
+    from pipeline import ingest
+    from pipeline.__main__ import main
+    from pipeline.config import to_dict
+    from pipeline.mini_world import generate, small_config
+
+    base = load_params(REPO / "params.yaml")
+    root = tmp_path_factory.mktemp("mini_chain")
+    world_dir = root / "raw"
+    generate(small_config(world_dir), base.seed, world_dir, base.decontaminate.eval_splits, progress=False)
+    default_root = str(base.mini_world.out_dir)
+    overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world_dir), 1)}"
+                 for ds, section in to_dict(base.sources).items() for key, value in section.items()
+                 if str(value).startswith(default_root)]
+    ingest.run(load_params(REPO / "params.yaml", overrides + [f"paths.data={root / 'data'}"]))
+    sets = [f"paths.data={root / 'data'}", "decontaminate.report_samples=4"]
+    assert main(["decontaminate", "--params", str(REPO / "params.yaml"), *(a for s in sets for a in ("--set", s))]) == 0
+    planted = json.loads((world_dir / "planted.json").read_text())
+    return root / "data", planted
+
+
+@pytest.mark.slow
+def test_mini_world_planted_overlaps_precision_and_recall_are_one(mini_chain):
+    data, planted = mini_chain
+    expected = {(o["dataset"], o["image_id"]): (o["reason"], sorted(o["matches"])) for o in planted["overlaps"]}
+    removed = {}
+    for dataset in ("coco", "vg", "cc", "sbu"):
+        rep = json.loads((data / "reports" / "cleaning" / f"{dataset}.json").read_text())
+        assert rep["input_rows"] == rep["kept_rows"] + rep["removed_rows"] + sum(rep["rejected_rows"].values())
+        removed.update({(dataset, e["image_id"]): (e["reason"], e["matched_eval"]) for e in rep["removed"]})
+    hits = set(expected) & set(removed)
+    recall, precision = len(hits) / len(expected), len(hits) / max(len(removed), 1)
+    assert (precision, recall) == (1.0, 1.0), (sorted(set(expected) - hits)[:5], sorted(set(removed) - hits)[:5])
+    wrong = {k: (expected[k], removed[k]) for k in hits if expected[k] != removed[k]}
+    assert not wrong, list(wrong.items())[:5]
+    # every kind the generator plants is exercised (the world is small but complete)
+    assert {reason for reason, _ in expected.values()} == set(decontaminate.REASONS)
+    clean = {d: pq.read_table(data / "clean" / f"{d}.parquet") for d in ("coco", "vg", "cc", "sbu")}
+    for dataset, table in clean.items():
+        kept_ids = set(table.column("image_id").to_pylist())
+        assert not kept_ids & {i for d, i in expected if d == dataset}
+        assert set(table.column("split").to_pylist()) <= {"train", "val"}
+
+
+@pytest.mark.slow
+def test_report_cli_reads_the_stage_output(mini_chain):
+    import io
+
+    from rich.console import Console
+
+    from pipeline import reports_cli
+
+    data, planted = mini_chain
+    buf = io.StringIO()
+    assert reports_cli.main(["cleaning", "cc", "--show", "3", "--dir", str(data)],
+                            console=Console(file=buf, width=200)) == 0
+    out = buf.getvalue()
+    assert "removed images (3 of" in out and any(o["image_id"] in out for o in planted["overlaps"])
