@@ -9,10 +9,10 @@ from typing import Literal, Mapping
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-4  # peak learning rate (AdamW)
+    lr: float = 3e-4  # peak learning rate (AdamW)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
-    warmup_steps: int = 50  # linear warmup, then linear decay to 0 at the last step
+    warmup_steps: int = 10  # linear warmup, then linear decay to 0 at the last step
     grad_clip: float = 2.0  # global gradient norm
     grad_accum: int = 1  # micro-batches (token buckets) per optimizer step
 
@@ -21,17 +21,17 @@ class OptimConfig:
 class VcrStageConfig:
     """Second stage on VCR text: starts from the first stage's model.safetensors, fresh optimizer."""
 
-    steps: int = 200
+    steps: int = 30
     mix_ratio: Mapping[str, float] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0})
-    lr: float = 5e-5
-    warmup_steps: int = 20
+    lr: float = 1e-4
+    warmup_steps: int = 3
     # qa: question + gold answer; qar: question + gold answer + gold rationale (two datasets)
     views: tuple[str, ...] = ("qa", "qar")
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 1000  # optimizer steps
+    steps: int = 100  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
@@ -42,11 +42,11 @@ class PretrainConfig:
     wra: bool = True
     wra_weight: float = 0.1
     datasets: Literal["indomain", "outdomain", "both"] = "indomain"
-    batch_tokens: int = 4096  # micro batch, per rank: padded text tokens + regions
-    log_every: int = 10
-    val_every: int = 200  # 0: validate only at the end
-    val_batches: int = 8  # held-out batches per task (the same batches in every run)
-    checkpoint_every: int = 200  # 0: only at the end
+    batch_tokens: int = 1024  # micro batch, per rank: padded text tokens + regions
+    log_every: int = 5
+    val_every: int = 50  # 0: validate only at the end
+    val_batches: int = 4  # held-out batches per task (the same batches in every run)
+    checkpoint_every: int = 50  # 0: only at the end
     keep_checkpoints: int = 2
     world_size: int = 1  # ranks on this node (GPUs, or CPU processes with gloo)
     hostfile: Path | None = None  # several nodes: `host slots=N` lines (deepspeed launcher)
