@@ -39,3 +39,14 @@ def test_streams_do_not_touch_the_global_rng(toy):
     for _ in range(12):
         s.next_batch()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_worker_processes_give_the_same_batches_and_positions(toy):
+    ds = toy.Dataset(30, seed=5)
+    inline = _stream(toy)
+    workers = BatchStream(ds, toy.Sampler(ds.lengths, max_tokens=40, seed=5), toy.collate, seed=5, num_workers=1)
+    for _ in range(9):  # past the first epoch boundary
+        a, b = inline.next_batch(), workers.next_batch()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # prefetching ran ahead, the saved position did not
+    assert workers.state_dict() == inline.state_dict()
