@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
+
+# pipeline.detector before torch: importing it sets OpenMP's wait policy, read when torch loads
+from pipeline.detector.build import Detector, build_model  # isort: skip
+import torch  # isort: skip
 
 from pipeline.config import Params, to_dict
-from pipeline.detector.build import Detector, build_model
 from pipeline.detector.extractor import RegionExtractor
 from pipeline.image_io import ImageRejected, decode_image
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
@@ -146,7 +148,7 @@ def train(model: torch.nn.Module, cfg, scenes: list[SceneImage], images: list[np
         recent = (recent + [{k: float(v.detach()) for k, v in losses.items()}])[-50:]
         bar.update(1)
         if it % 20 == 0:
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
     else:
         it = max_iters
     storage.__exit__(None, None, None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -152,11 +151,10 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
     workers = max(1, cfg.workers)
     if device == "cuda":
         workers = min(workers, torch.cuda.device_count())
-    threads = max(1, (os.cpu_count() or 1) // workers)
     settings = ExtractSettings(preset=cfg.detector, weights=str(weights), weights_digest=file_digest(weights),
                                device=device, batch_size=cfg.batch_size, conf_th=cfg.conf_th,
                                min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes,
-                               amp=None if cfg.amp == "none" else cfg.amp, threads=threads)
+                               amp=None if cfg.amp == "none" else cfg.amp)
     return settings, workers
 
 

@@ -11,4 +11,13 @@
 - :mod:`runner`: sharded, resumable extraction over CPU processes or GPUs.
 
 Submodules import detectron2 and torch; import them where needed, not from here.
+
+Importing this package sets ``OMP_WAIT_POLICY=PASSIVE`` (unless already set): idle OpenMP threads
+then sleep instead of spinning. On a shared 2-core machine spinning threads made a training
+iteration cost 7 CPU-s instead of 0.65. It only takes effect if torch is not loaded yet, so stage
+modules import this package before torch.
 """
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -75,48 +75,46 @@ def load_detector(preset: str, weights: Path | str, *, device: str | torch.devic
         model, cfg = build_model("mini", num_classes=len(class_names), image_size=int(meta["image_size"]))
         attribute_names: list[str] = []
     else:
-        model, cfg = build_model(preset)
         class_names = vocab_names(weights, "objects_vocab.txt", BUTD_NUM_CLASSES, "vg_object")
         attribute_names = vocab_names(weights, "attributes_vocab.txt", BUTD_NUM_ATTRIBUTES, "vg_attribute")
+        model, cfg = build_model(preset)
     load_weights(model, weights)
     return Detector(model=model.to(device).eval(), cfg=cfg, preset=preset, class_names=class_names,
                     attribute_names=attribute_names, weights=weights)
 
 
 @torch.no_grad()
-def calibrate_frozen_bn(model: nn.Module, images: torch.Tensor) -> None:
-    """Set every ``FrozenBatchNorm2d``'s statistics from one forward pass over ``images``.
+def calibrate_norms(model: nn.Module, images: torch.Tensor) -> None:
+    """Set every BatchNorm's statistics (frozen or not) from one forward pass over ``images``.
 
-    A randomly initialized 101-layer trunk with identity frozen norms blows activations up by
-    orders of magnitude (the RPN then proposes nothing). Calibrating each norm on the statistics
-    of its own input, in forward order, gives a random model with realistic activations: what
-    tests and benchmarks of the R101 architecture need when the real weights are not at hand.
+    A randomly initialized trunk whose norms hold identity statistics blows activations up by
+    orders of magnitude (the RPN then proposes nothing sensible). Calibrating each norm on the
+    statistics of its own input, in forward order, gives a random model with realistic
+    activations: what tests and benchmarks need when no trained weights are at hand. The model
+    stays in eval mode; only ``running_mean`` / ``running_var`` change.
 
     Args:
-        model: a detectron2 model with a ``backbone`` (and optionally ``roi_heads.res5``).
+        model: a detectron2 model with a ``backbone`` and ``roi_heads`` (``UniterRes5ROIHeads``).
         images: [B, 3, H, W] normalized input batch.
     """
     from detectron2.layers import FrozenBatchNorm2d
+    from detectron2.structures import Boxes
 
     def set_stats(module, inputs):
         x = inputs[0].float()
         module.running_mean.copy_(x.mean(dim=(0, 2, 3)))
         module.running_var.copy_(x.var(dim=(0, 2, 3), unbiased=False))
 
-    norms = [m for m in model.modules() if isinstance(m, FrozenBatchNorm2d)]
+    norms = [m for m in model.modules() if isinstance(m, (FrozenBatchNorm2d, nn.BatchNorm2d))]
     handles = [m.register_forward_pre_hook(set_stats) for m in norms]
     try:
         features = model.backbone(images)
-        if hasattr(model, "roi_heads"):
-            c4 = features[model.roi_heads.in_features[0]]
-            # a grid of crops stands in for proposals when calibrating the res5 head
-            h, w = images.shape[-2:]
-            crops = torch.tensor([[0, 0, w / 2, h / 2], [w / 2, 0, w, h / 2], [0, h / 2, w / 2, h],
-                                  [w / 2, h / 2, w, h], [w / 4, h / 4, 3 * w / 4, 3 * h / 4]],
-                                 dtype=images.dtype, device=images.device)
-            from detectron2.structures import Boxes
-
-            model.roi_heads.pooled_features({model.roi_heads.in_features[0]: c4}, [Boxes(crops)] * len(images))
+        # a grid of crops stands in for proposals when calibrating the res5 head
+        h, w = images.shape[-2:]
+        crops = torch.tensor([[0, 0, w / 2, h / 2], [w / 2, 0, w, h / 2], [0, h / 2, w / 2, h],
+                              [w / 2, h / 2, w, h], [w / 4, h / 4, 3 * w / 4, 3 * h / 4]],
+                             dtype=images.dtype, device=images.device)
+        model.roi_heads.pooled_features(features, [Boxes(crops)] * len(images))
     finally:
         for handle in handles:
             handle.remove()

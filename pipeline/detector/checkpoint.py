@@ -23,8 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-# (module, name) pairs a weights pickle may reference: numpy array reconstruction only.
+# (module, name) pairs a weights pickle may reference: numpy array reconstruction only (protocol 2
+# pickles spell raw bytes as _codecs.encode(str, "latin1")).
 _SAFE_GLOBALS = {
+    ("_codecs", "encode"),
     ("collections", "OrderedDict"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),

@@ -5,10 +5,10 @@ the max-confidence selection (:mod:`pipeline.detector.selection`) -> the kept re
 ``given``: backbone -> res5 head on the given boxes -> their features and class scores.
 
 Images are resized so the shorter side is the preset's test scale (longer side capped), converted
-to BGR and mean-subtracted as in caffe, and batched (zero-padded after normalization, as
-detectron2 does). Within a call, images are grouped into batches by aspect ratio to waste little
-padding; outputs come back in input order and do not depend on thread timing, so the same inputs
-and batch size give the same bytes.
+to BGR and mean-subtracted as in caffe. Only images of the same resized size share a batch:
+padding a smaller image to its batch-mates' size would change its features (the border
+activations of a padded map are not the zeros a convolution pads with), so an image's regions do
+not depend on which images it was batched with. Outputs come back in input order.
 """
 
 from __future__ import annotations
@@ -92,13 +92,18 @@ class RegionExtractor:
             scale = s.max_size / max(height, width)
         return scale
 
-    def _to_input(self, rgb: np.ndarray) -> tuple[torch.Tensor, float]:
+    def input_size(self, height: int, width: int) -> tuple[int, int]:
+        """(h, w) of an image of ``height`` x ``width`` after resizing to the test scale."""
+        scale = self.scale_for(height, width)
+        return max(1, round(height * scale)), max(1, round(width * scale))
+
+    def to_input(self, rgb: np.ndarray) -> tuple[torch.Tensor, float]:
         """uint8 RGB [H, W, 3] -> normalized BGR float [3, h, w] at test scale, and the scale."""
         height, width = rgb.shape[:2]
         scale = self.scale_for(height, width)
         x = torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))).to(self.device)
         x = x.float()
-        size = (max(1, round(height * scale)), max(1, round(width * scale)))
+        size = self.input_size(height, width)
         if size != (height, width):
             x = F.interpolate(x[None], size=size, mode="bilinear", align_corners=False)[0]
         return (x - self.pixel_mean) / self.pixel_std, scale
@@ -123,20 +128,22 @@ class RegionExtractor:
         """
         if boxes is not None and len(boxes) != len(images):
             raise ValueError(f"given-box mode needs one box array per image: {len(boxes)} for {len(images)} images")
-        # batch images of similar aspect ratio together; stable sort keeps this deterministic
-        order = sorted(range(len(images)), key=lambda i: images[i].shape[0] / images[i].shape[1])
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, img in enumerate(images):
+            groups.setdefault(self.input_size(*img.shape[:2]), []).append(i)
         results: list[Regions | None] = [None] * len(images)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            given = None if boxes is None else [np.asarray(boxes[i], dtype=np.float32).reshape(-1, 4) for i in chunk]
-            for i, regions in zip(chunk, self._extract_batch([images[i] for i in chunk], given)):
-                results[i] = regions
+        for members in groups.values():
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start:start + self.batch_size]
+                given = None if boxes is None else [np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in chunk]
+                for i, regions in zip(chunk, self._extract_batch([images[i] for i in chunk], given)):
+                    results[i] = regions
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
     def _extract_batch(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> list[Regions]:
         model = self.model
-        inputs, scales = zip(*(self._to_input(img) for img in images))
+        inputs, scales = zip(*(self.to_input(img) for img in images))
         batch = ImageList.from_tensors(list(inputs), model.backbone.size_divisibility)
         with self._autocast():
             features = model.backbone(batch.tensor)

@@ -59,10 +59,13 @@ class ExtractSettings:
     min_boxes: int
     max_boxes: int
     amp: str | None = "bf16"  # CUDA autocast dtype: bf16 | fp16 | None
-    threads: int = 1  # torch intra-op threads per CPU worker
+    # torch intra-op threads per CPU worker. Results change with the thread count (parallel
+    # reductions split differently), so it is fixed: parallelism comes from worker processes,
+    # and the bytes do not depend on how many workers ran.
+    threads: int = 1
 
     def digest(self) -> str:
-        """What the shard bytes depend on (not threads: thread count does not change results here)."""
+        """What the shard bytes depend on (everything but ``threads``, which is fixed)."""
         keys = ("preset", "weights_digest", "device", "batch_size", "conf_th", "min_boxes", "max_boxes", "amp")
         payload = {k: getattr(self, k) for k in keys}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -186,9 +189,20 @@ def _stop_after() -> int | None:
 def _results(jobs: list[ShardJob], settings: ExtractSettings, workers: int) -> Iterator[tuple[ShardJob, dict]]:
     """Run ``jobs`` in-process (one worker) or in a spawn pool; yield (job, marker) as they finish."""
     if workers <= 1 or len(jobs) <= 1:
-        _init_worker(settings)
-        for job in jobs:
-            yield job, process_shard(job)
+        import torch
+
+        saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled(),
+                 torch.utils.deterministic.fill_uninitialized_memory)
+        try:  # in-process: leave the caller's torch settings as they were
+            _init_worker(settings)
+            for job in jobs:
+                yield job, process_shard(job)
+        finally:
+            _WORKER.clear()
+            torch.set_num_threads(saved[0])
+            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+            torch.utils.deterministic.fill_uninitialized_memory = saved[3]
         return
     import multiprocessing as mp
 

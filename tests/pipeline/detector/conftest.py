@@ -1,0 +1,36 @@
+"""Shared fixtures of the detector tests: small random detectors with calibrated norms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scene_kit import CLASS_NAMES, render_scene
+
+
+def scene_images(n: int, size: int = 64, seed: int = 0) -> tuple[list[np.ndarray], list[list[dict]]]:
+    """``n`` rendered scenes as uint8 RGB arrays, with their objects."""
+    rng = np.random.default_rng(seed)
+    images, objects = [], []
+    for _ in range(n):
+        img, objs = render_scene(rng, size, n_objects=2)
+        images.append(np.asarray(img))
+        objects.append(objs)
+    return images, objects
+
+
+@pytest.fixture(scope="module")
+def mini_detector():
+    """A random ``mini`` detector (64-px scale) whose norms are calibrated on a rendered scene."""
+    from pipeline.detector.build import Detector, build_model, calibrate_norms
+    from pipeline.detector.extractor import RegionExtractor
+
+    torch.manual_seed(0)
+    model, cfg = build_model("mini", num_classes=len(CLASS_NAMES), image_size=64)
+    detector = Detector(model=model, cfg=cfg, preset="mini", class_names=list(CLASS_NAMES), attribute_names=[],
+                        weights=None)
+    images, _ = scene_images(2, seed=99)
+    batch = torch.stack([RegionExtractor(detector).to_input(img)[0] for img in images])
+    calibrate_norms(model, batch)
+    return detector

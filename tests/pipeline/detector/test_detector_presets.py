@@ -1,0 +1,79 @@
+"""The two presets carry the settings of DESIGN.md §7 and build real detectron2 models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pipeline.detector.build import build_model
+from pipeline.detector.modeling import CaffeMaxPoolStem
+from pipeline.detector.presets import inference_settings, make_cfg
+
+
+def test_butd_r101_settings():
+    cfg = make_cfg("butd_r101")
+    m = cfg.MODEL
+    assert m.RESNETS.DEPTH == 101 and m.RESNETS.NORM == "FrozenBN" and m.RESNETS.STRIDE_IN_1X1
+    assert m.UNITER.CAFFE_MAXPOOL
+    assert m.PIXEL_MEAN == pytest.approx([102.98, 115.95, 122.77], abs=0.01) and m.PIXEL_STD == [1.0, 1.0, 1.0]
+    assert cfg.INPUT.FORMAT == "BGR"
+    assert (cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST) == (600, 1000)
+    assert m.RPN.NMS_THRESH == 0.7 and m.RPN.POST_NMS_TOPK_TEST == 300 and m.RPN.CONV_DIMS == [512]
+    assert m.ANCHOR_GENERATOR.SIZES == [[64, 128, 256, 512]]
+    assert m.ROI_HEADS.NUM_CLASSES == 1600 and m.UNITER.ATTRIBUTE_ON and m.UNITER.NUM_ATTRIBUTES == 400
+    assert m.ROI_BOX_HEAD.POOLER_RESOLUTION == 14
+    assert (m.UNITER.RES5_HEAD_STRIDE, m.UNITER.RES5_HEAD_DILATION) == (1, 2)
+    s = inference_settings(cfg)
+    assert (s.min_size, s.max_size, s.nms_thresh) == (600, 1000, 0.3)
+
+
+def test_mini_settings():
+    cfg = make_cfg("mini", num_classes=30, image_size=192)
+    m = cfg.MODEL
+    assert m.RESNETS.DEPTH == 50 and m.RESNETS.WIDTH_PER_GROUP == 16 and m.RESNETS.RES2_OUT_CHANNELS == 64
+    assert m.RESNETS.STEM_OUT_CHANNELS == 32 and m.RESNETS.NORM == "BN" and m.BACKBONE.FREEZE_AT == 0
+    assert m.ANCHOR_GENERATOR.SIZES == [[16, 32, 64, 128]]
+    assert (m.RPN.POST_NMS_TOPK_TRAIN, m.RPN.POST_NMS_TOPK_TEST) == (300, 100)
+    assert (m.ROI_HEADS.BATCH_SIZE_PER_IMAGE, m.ROI_HEADS.POSITIVE_FRACTION) == (32, 0.5)
+    assert m.ROI_BOX_HEAD.POOLER_RESOLUTION == 7 and m.ROI_HEADS.NUM_CLASSES == 30
+    assert inference_settings(cfg).min_size == 192
+
+
+def test_unknown_preset_and_missing_classes_are_errors():
+    with pytest.raises(ValueError, match="unknown detector preset"):
+        make_cfg("r50_fpn")
+    with pytest.raises(ValueError, match="num_classes"):
+        make_cfg("mini")
+
+
+def test_both_models_build_with_the_expected_heads():
+    torch.manual_seed(0)
+    mini, _ = build_model("mini", num_classes=30)
+    assert mini.roi_heads.feature_dim == 512
+    assert mini.roi_heads.box_predictor.cls_score.out_features == 31
+    assert not hasattr(mini.roi_heads.box_predictor, "attr_score")
+    r101, _ = build_model("butd_r101")
+    heads = r101.roi_heads
+    assert heads.feature_dim == 2048
+    assert heads.box_predictor.cls_score.out_features == 1601
+    assert heads.box_predictor.bbox_pred.out_features == 1600 * 4
+    assert heads.box_predictor.cls_embedding.weight.shape == (1601, 256)
+    assert heads.box_predictor.fc_attr.in_features == 2048 + 256 and heads.box_predictor.attr_score.out_features == 401
+    assert isinstance(r101.backbone.stem, CaffeMaxPoolStem)
+    assert len(r101.backbone.res4) == 23
+    assert r101.proposal_generator.rpn_head.objectness_logits.out_channels == 12
+    # res5 keeps the 14x14 pooled grid: stride 1, dilated 3x3 convolutions
+    block = heads.res5[0]
+    assert block.conv1.stride == (1, 1) and block.shortcut.stride == (1, 1) and block.conv2.dilation == (2, 2)
+
+
+def test_caffe_stem_pools_with_ceil_mode_and_no_padding():
+    torch.manual_seed(0)
+    stem = CaffeMaxPoolStem(in_channels=3, out_channels=4, norm="")
+    x = torch.randn(1, 3, 37, 50)
+    y = stem(x)
+    conv = F.relu(stem.conv1(x))  # 19 x 25
+    expected = F.max_pool2d(F.pad(conv, (0, 1, 0, 1), value=float("-inf")), kernel_size=3, stride=2)
+    assert y.shape == (1, 4, 9, 12)
+    torch.testing.assert_close(y, expected)
