@@ -111,6 +111,8 @@ def test_bad_params_are_named(data):
         run(params_for(data, *FAST, "pretrain.mix_ratio={mlmm: 1.0}"))
     with pytest.raises(ValueError, match=r"not allowed in pretrain_vcr"):
         run_vcr(params_for(data, *FAST, "pretrain.vcr.mix_ratio={itm: 1.0}"))
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+        run(params_for(data, *FAST, "pretrain.zero_stage=3"))
     with pytest.raises(FileNotFoundError, match="pretrain_outdomain_train"):
         run(params_for(data.parent / "nothing", *FAST, "pretrain.datasets=outdomain"))
 
