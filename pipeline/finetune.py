@@ -1,0 +1,201 @@
+"""Stage ``finetune@<task>``: fine-tune the pretrained model on one downstream task and evaluate it.
+
+For each task of ``finetune.tasks`` (or the one named), starting from ``data/models/pretrain``
+(VCR: ``data/models/pretrain_vcr``, the second stage), the task's model is trained with the
+pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
+``data/checkpoints/finetune/<task>/``) and evaluated. With ``finetune.compare_scratch`` the same
+model is also trained from a non-pretrained start (``finetune.scratch_init``: BERT text weights
+only, or random) with the same steps and data order, so the pretraining gain is measured.
+
+Writes, per task:
+- ``data/models/<task>/``: ``model.safetensors`` (the fine-tuned model, pretrained start),
+  ``model_config.json``, ``eval.json`` (every metric of both starts, zero-shot, chance levels),
+  task files (VQA: predictions in the submission format), ``_run.json`` (counts and timings);
+- ``data/metrics/<task>.json``: the summary metrics of both starts, the gain and chance levels;
+- ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.config import UniterConfig
+from pipeline.config import Params, to_dict
+from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.tasks import task_class
+from pipeline.tasks.base import FinetuneTask, TaskContext
+from pipeline.tasks.runner import RunOutcome, RunPlan, db_fingerprint, init_digest, lookup, train_run
+from pipeline.training.launch import DistInfo, process_group
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+
+
+def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
+    """Fine-tune and evaluate ``item`` (a task) or every task of ``finetune.tasks``; returns their
+    ``data/metrics/<task>.json`` records."""
+    from pipeline.training.engine import resolve_device, resolve_precision
+
+    cfg = params.finetune
+    names = [item] if item is not None else list(cfg.tasks)
+    check_params(params, names)
+    device = resolve_device(cfg.device, 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    precision = resolve_precision(cfg.precision, device)
+    out = {}
+    with process_group(device.type) as dist:
+        if dist.world_size != 1:
+            raise RuntimeError("fine-tuning runs on one rank; start it without the deepspeed launcher")
+        for name in names:
+            out[name] = finetune_task(params, name, dist=dist, device=device, precision=precision)
+    return out
+
+
+def check_params(params: Params, names: list[str]) -> None:
+    """Reject settings the stage cannot run with, naming the params key."""
+    cfg = params.finetune
+    for name in names:
+        task_class(name)
+        if name not in cfg.per_task:
+            raise ValueError(f"finetune.per_task has no entry for task {name!r}")
+        t = cfg.per_task[name]
+        if t.steps < 1 or t.batch_tokens < 1 or t.lr <= 0 or t.warmup_steps < 0:
+            raise ValueError(f"finetune.per_task.{name}: steps, batch_tokens and lr must be > 0, warmup_steps >= 0")
+    checks = [
+        (cfg.retrieval_hard_negatives >= 1, "finetune.retrieval_hard_negatives must be >= 1"),
+        (cfg.retrieval_neg_pool >= cfg.retrieval_hard_negatives,
+         "finetune.retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"),
+        (cfg.eval_batch_tokens > 0, "finetune.eval_batch_tokens must be > 0"),
+        (cfg.zero_stage in (0, 1, 2, 3), "finetune.zero_stage must be 0, 1, 2 or 3"),
+        (cfg.keep_checkpoints >= 1 and cfg.log_every >= 1, "finetune.keep_checkpoints and log_every must be >= 1"),
+        (min(cfg.val_every, cfg.val_batches, cfg.checkpoint_every) >= 0,
+         "finetune.val_every, val_batches and checkpoint_every must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def task_digest(params: Params, name: str) -> str:
+    """sha256 of what one task's training depends on: seed, model, the shared finetune keys and its budget."""
+    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task")}
+    payload = {"seed": params.seed, "model": to_dict(params.model), "finetune": shared,
+               "task": to_dict(params.finetune.per_task[name])}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def encoder_config(meta: dict[str, Any], dropout: float) -> UniterConfig:
+    cfg = dict(meta["uniter_config"])
+    cfg.update(hidden_dropout=dropout, attention_dropout=dropout)
+    return UniterConfig(**cfg)
+
+
+def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.device, precision: str) -> dict:
+    """Train and evaluate one task from each start, write its outputs, drop its work directory."""
+    from pipeline.training.model_io import read_exported
+
+    cfg, data = params.finetune, Path(params.paths.data)
+    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=params.seed))
+    task.open()
+    init_dir = data / "models" / task.init_stage
+    meta, state = read_exported(init_dir)
+    img_dim = task.img_dbs.feature_dim
+    if int(meta["img_dim"]) != img_dim:
+        raise ValueError(f"{init_dir / CONFIG_FILE}: img_dim {meta['img_dim']}, but {name}'s image DBs have {img_dim}")
+    config = encoder_config(meta, params.model.dropout)
+    if config.vocab_size != task.vocab_size():
+        raise ValueError(f"{init_dir / CONFIG_FILE}: vocabulary {config.vocab_size}, but {name}'s text DBs need "
+                         f"{task.vocab_size()} (pretrained with another tokenizer?)")
+    inputs = {n: db_fingerprint(task.ctx.txt_root / n) for n in task.text_dbs()}
+    inputs.update({n: db_fingerprint(task.ctx.img_root / n) for n in sorted(task.img_dbs.dbs)})
+    work_root = data / "checkpoints" / "finetune" / name
+    inits = ["pretrained", "scratch"] if cfg.compare_scratch else ["pretrained"]
+    outcomes: dict[str, RunOutcome] = {}
+    started = time.time()
+    for init in inits:
+        start = {"init_model": init_digest(init_dir)} if init == "pretrained" else \
+            {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint)}
+        plan = RunPlan(init=init, work_dir=work_root / init, config=config, img_dim=img_dim,  # type: ignore[arg-type]
+                       init_state=state if init == "pretrained" else None, scratch_init=cfg.scratch_init,
+                       bert_checkpoint=params.model.bert_checkpoint,
+                       fingerprint={"task": name, "init": init, "params": task_digest(params, name), "inputs": inputs,
+                                    **start})
+        outcomes[init] = train_run(task, plan, dist=dist, device=device, precision=precision, seed=params.seed)
+    record = metrics_record(task, outcomes, task.chance())
+    write_outputs(params, task, config, img_dim, meta, init_dir, outcomes, record, work_root, started)
+    shutil.rmtree(work_root, ignore_errors=True)
+    return record
+
+
+def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
+    """``data/metrics/<task>.json``: per summary metric the pretrained and scratch scores, gain, chance."""
+    summary = {}
+    for label, key in task.summary:
+        entry: dict[str, Any] = {"label": label, "chance": chance.get(key)}
+        for init, outcome in outcomes.items():
+            entry[init] = lookup(outcome.metrics, key)
+            if outcome.zero_shot is not None:
+                entry["zero_shot"] = lookup(outcome.zero_shot, key)
+        if "scratch" in entry and entry["pretrained"] is not None and entry["scratch"] is not None:
+            entry["gain"] = round(entry["pretrained"] - entry["scratch"], 4)
+        summary[key] = entry
+    record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
+                              "chance": dict(sorted(chance.items()))}
+    for init, outcome in outcomes.items():
+        record[init] = outcome.metrics
+        if outcome.zero_shot is not None:
+            record["zero_shot"] = outcome.zero_shot
+    return record
+
+
+def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_dim: int, meta: dict[str, Any],
+                  init_dir: Path, outcomes: dict[str, RunOutcome], record: dict[str, Any], work_root: Path,
+                  started: float) -> None:
+    from pipeline.training.checkpointing import save_safetensors
+
+    data, name = Path(params.paths.data), task.name
+    pretrained = outcomes["pretrained"]
+    run = RunRecord(f"finetune@{name}", task_digest(params, name))
+    for db_name in task.text_dbs():
+        run.inputs[db_name] = task.ctx.txt_root / db_name
+    run.inputs["init"] = init_dir / MODEL_FILE
+    run.counts = {"steps": task.ctx.task_cfg.steps,
+                  "train_examples": {s: len(task.train_dataset(s)) for s in task.streams},
+                  "resumed_from_step": {i: o.resumed_from_step for i, o in outcomes.items()},
+                  "parameters": sum(v.numel() for v in pretrained.state.values())}
+    run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
+    run.extra["stage_wall_s"] = round(time.time() - started, 3)
+    out_dir = data / "models" / name
+    with atomic_dir(out_dir) as tmp:
+        save_safetensors(pretrained.state, tmp / MODEL_FILE)
+        atomic_write_json(tmp / CONFIG_FILE, {
+            "task": name, "uniter_config": dataclasses.asdict(config), "img_dim": img_dim,
+            "task_info": task.model_info(), "init": str(init_dir), "tokenizer": meta.get("tokenizer", {})})
+        last_train = {i: {k: v for k, v in o.last_train.items() if not k.endswith("tokens_per_s")}
+                      for i, o in outcomes.items()}  # throughput is a timing, not a result
+        atomic_write_json(tmp / "eval.json", {**record, "last_train": last_train})
+        for file_name, content in sorted(pretrained.artifacts.items()):
+            atomic_write_json(tmp / file_name, content)
+        run.write(tmp)
+    # dvclive curves (with throughput, so not byte-stable) live beside the metrics file, as pretraining's do
+    for init in outcomes:
+        live, dest = work_root / init / "live", data / "metrics" / name / init
+        if live.is_dir():
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(live, dest)
+    atomic_write_json(data / "metrics" / f"{name}.json", record)
+    timing = ", ".join(f"{i} {o.timings_s.get('total', 0.0):.0f}s" for i, o in outcomes.items())
+    headline = "; ".join(f"{e['label']}: {e.get('pretrained')} (scratch {e.get('scratch')}, chance {e.get('chance')})"
+                         for e in record["summary"].values())
+    log.info("finetune@%s: %s [%s] -> %s", name, headline, timing, out_dir)

@@ -1,0 +1,140 @@
+"""Stage ``results``: the results table of every fine-tuned task and their Meta-Sum.
+
+Reads ``data/metrics/<task>.json`` (written by ``finetune@<task>``) for every task of
+``finetune.tasks`` and, when it exists, the pretraining report ``data/models/pretrain/eval.json``;
+writes ``data/reports/results.json`` (a DVC metrics file, so ``dvc exp show`` lists it per
+experiment) and ``data/reports/results.md``:
+
+1. one row per summary metric (one per task; retrieval has two, image and text R@1, as in the
+   paper): the score of the pretrained start, of the non-pretrained start with the same budget,
+   the gain, the chance level and, for retrieval, zero-shot;
+2. the Meta-Sum: the sum of those scores (UNITER's Table 2 sums VQA, IR, TR, NLVR2 and RefCOCO+;
+   ours adds VCR and SNLI-VE, so compare Meta-Sums of this pipeline with each other only);
+3. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it.
+
+``python -m pipeline report results [--exps]`` shows the same table, or several experiments side
+by side (``pipeline.results_cli``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from pipeline.config import Params
+from pipeline.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
+
+log = logging.getLogger(__name__)
+
+RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
+COLUMNS = ("pretrained", "scratch", "gain", "zero_shot", "chance")
+# held-out pretraining metrics shown in the ablation section: (task, metric, label)
+PRETRAIN_METRICS = (("mlm", "mlm_acc", "MLM acc"), ("mrc_kl", "mrc_acc", "MRC-kl acc"), ("itm", "itm_acc", "ITM acc"),
+                    ("mrfr", "loss", "MRFR loss"))
+
+
+def load_task_metrics(metrics_dir: Path, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """{task: data/metrics/<task>.json}; a missing file names the stage that writes it."""
+    out = {}
+    for task in tasks:
+        path = metrics_dir / f"{task}.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: run `python -m pipeline finetune {task}` first")
+        out[task] = json.loads(path.read_text())
+    return out
+
+
+def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Rows (one per summary metric, in task order) and the Meta-Sum of each column that every row has."""
+    rows = []
+    for task, record in records.items():
+        for key, entry in record["summary"].items():
+            rows.append({"task": task, "metric": key, "label": entry["label"], "steps": record.get("steps"),
+                         **{c: entry.get(c) for c in COLUMNS}})
+    meta_sum: dict[str, Any] = {"terms": len(rows)}
+    for column in ("pretrained", "scratch", "chance"):
+        values = [r[column] for r in rows]
+        meta_sum[column] = round(sum(values), 4) if rows and all(v is not None for v in values) else None
+    if meta_sum["pretrained"] is not None and meta_sum["scratch"] is not None:
+        meta_sum["gain"] = round(meta_sum["pretrained"] - meta_sum["scratch"], 4)
+    return {"rows": rows, "meta_sum": meta_sum}
+
+
+def pretraining_report(path: Path) -> dict[str, Any] | None:
+    """The pretraining setting and its held-out metrics before/after (None when ``path`` is absent)."""
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    held_out = {}
+    for task, metric, label in PRETRAIN_METRICS:
+        before = report.get("no_pretraining", {}).get(task, {}).get(metric)
+        after = report.get("pretrained", {}).get(task, {}).get(metric)
+        if before is not None or after is not None:
+            held_out[label] = {"before": before, "after": after}
+    setting = {k: report.get(k) for k in ("steps", "masking", "wra", "datasets", "mix_ratio")}
+    return {"setting": setting, "held_out": held_out}
+
+
+def _fmt(value: Any, signed: bool = False) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:+.2f}" if signed else f"{value:.2f}"
+    return str(value)
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """results.md: the task table with its Meta-Sum row, then the pretraining section."""
+    lines = ["# Results", "",
+             "Scores in percent on held-out splits of the task datasets. *pretrained*: fine-tuned from the "
+             "pretrained model; *scratch*: the same fine-tuning (same steps, data order and head initialization) "
+             "from a non-pretrained start; *zero-shot*: the pretrained model before any fine-tuning; *chance*: "
+             "a trivial predictor (majority answer, uniform choice or random ranking).", "",
+             "| task | metric | steps | pretrained | scratch | gain | zero-shot | chance |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`) | {_fmt(r['steps'])} | {_fmt(r['pretrained'])} "
+                     f"| {_fmt(r['scratch'])} | {_fmt(r['gain'], True)} | {_fmt(r['zero_shot'])} | {_fmt(r['chance'])} |")
+    m = results["meta_sum"]
+    lines.append(f"| **Meta-Sum** | sum of the {m['terms']} scores above | | **{_fmt(m['pretrained'])}** "
+                 f"| {_fmt(m['scratch'])} | {_fmt(m.get('gain'), True)} | | {_fmt(m['chance'])} |")
+    lines += ["", "The Meta-Sum adds every row (retrieval contributes image and text R@1, as in UNITER's Table 2, "
+              "which sums VQA, IR, TR, NLVR2 and RefCOCO+; VCR and SNLI-VE are added here), so it compares runs "
+              "of this pipeline with each other, not with the paper's numbers."]
+    pre = results.get("pretraining")
+    if pre:
+        s = pre["setting"]
+        mix = ", ".join(f"{k} {v:g}" for k, v in sorted((s.get("mix_ratio") or {}).items()) if v)
+        lines += ["", "## Pretraining", "",
+                  f"{_fmt(s.get('steps'))} steps, {s.get('masking')} masking, WRA {'on' if s.get('wra') else 'off'}, "
+                  f"datasets {s.get('datasets')}, tasks: {mix or '–'}.", "",
+                  "| held-out metric | before pretraining | after |", "|---|---:|---:|"]
+        for label, v in pre["held_out"].items():
+            lines.append(f"| {label} | {_fmt(v['before'])} | {_fmt(v['after'])} |")
+        lines += ["", "Ablations (conditional vs joint masking, task subsets, WRA) are separate DVC experiments "
+                  "(`dvc exp run -S pretrain.masking=joint`); `python -m pipeline report results --exps` puts "
+                  "them side by side."]
+    return "\n".join(lines) + "\n"
+
+
+def run(params: Params) -> dict[str, Any]:
+    """Write ``data/reports/results.{json,md}``; returns the results dict."""
+    data = Path(params.paths.data)
+    tasks = list(params.finetune.tasks)
+    records = load_task_metrics(data / "metrics", tasks)
+    results = {"tasks": tasks, **summarize(records),
+               "pretraining": pretraining_report(data / "models" / "pretrain" / "eval.json")}
+    out = data / "reports"
+    atomic_write_json(out / RESULTS_JSON, results)
+    atomic_write_bytes(out / RESULTS_MD, render_markdown(results).encode("utf-8"))
+    record = RunRecord("results", params.section_digest("finetune"))
+    for task in tasks:
+        record.inputs[task] = data / "metrics" / f"{task}.json"
+    record.counts = {"tasks": len(tasks), "rows": len(results["rows"])}
+    record.write(out, name="_run.results.json")
+    m = results["meta_sum"]
+    log.info("results: %d rows, Meta-Sum %s (scratch %s) -> %s", len(results["rows"]), _fmt(m["pretrained"]),
+             _fmt(m["scratch"]), out / RESULTS_MD)
+    return results

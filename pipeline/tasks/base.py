@@ -1,0 +1,198 @@
+"""What every fine-tuning task provides, and the module the DeepSpeed engine trains.
+
+A task (one subclass of :class:`FinetuneTask` per module of this package) knows its text DBs, how
+an example becomes rows (``pipeline.tasks.data``), which ``model.tasks`` head it trains, and how
+it is evaluated. The runner (``pipeline.tasks.runner``) does the rest the same way for all six.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from model.config import UniterConfig
+from model.tasks import TaskOutput
+from model.uniter import load_encoder_state
+from pipeline.configs.finetune import FinetuneConfig, TaskConfig
+from pipeline.stores import ImageDbGroup, TextDb
+from pipeline.tasks.data import Regions, TaskDataset, collate_rows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Where a task reads from and what it was asked for (resolved from params)."""
+
+    name: str
+    data: Path  # params.paths.data
+    cfg: FinetuneConfig
+    task_cfg: TaskConfig
+    seed: int
+
+    @property
+    def txt_root(self) -> Path:
+        return self.data / "db" / "txt"
+
+    @property
+    def img_root(self) -> Path:
+        return self.data / "db" / "img"
+
+
+@dataclass
+class EvalResult:
+    """``metrics``: {split: {name: value}} (accuracies and recalls in percent); ``artifacts``: files
+    to write beside the model ({file name: JSON-ready object}, e.g. VQA predictions)."""
+
+    metrics: dict[str, dict[str, Any]]
+    artifacts: dict[str, Any]
+
+
+class FinetuneTask:
+    """Base of the six tasks. Subclasses set the class attributes and implement the hooks.
+
+    Attributes:
+        name: the task (``finetune@<name>``).
+        init_stage: the pretraining export it starts from (``data/models/<init_stage>``).
+        streams: training streams; with several, the steps alternate between them by a seeded
+            schedule of equal ratios (VCR: Q→A and QA→R; retrieval: text→image and image→text).
+        summary: ``(label, "split/metric")`` pairs that go into the results table and the Meta-Sum.
+        chance_key: metrics that are chance levels (reported, never summed).
+    """
+
+    name: str = ""
+    init_stage: str = "pretrain"
+    streams: tuple[str, ...] = ()
+    summary: tuple[tuple[str, str], ...] = ()
+    has_zero_shot: bool = False
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self.ctx = ctx
+        self._txt: dict[str, TextDb] = {}
+        self._img: ImageDbGroup | None = None
+
+    # -- stores --------------------------------------------------------------------------------
+
+    def db(self, name: str) -> TextDb:
+        """The text DB ``data/db/txt/<name>`` (opened once); a missing DB names the stage to run."""
+        if name not in self._txt:
+            path = self.ctx.txt_root / name
+            if not (path / "meta.json").exists():
+                raise FileNotFoundError(f"{self.name}: text DB {path} not found (run the build_dbs stage first)")
+            self._txt[name] = TextDb(path)
+        return self._txt[name]
+
+    def text_dbs(self) -> list[str]:
+        """Every text DB the task reads (opened up front so a missing one fails early)."""
+        raise NotImplementedError
+
+    def open(self) -> None:
+        dbs = [self.db(n) for n in self.text_dbs()]
+        names = sorted({n for db in dbs for n in db.img_db_names} | set(self.extra_image_dbs()))
+        missing = [n for n in names if not (self.ctx.img_root / n / "meta.json").exists()]
+        if missing:
+            raise FileNotFoundError(f"{self.name}: image DB(s) {missing} not found under {self.ctx.img_root}")
+        self._img = ImageDbGroup(self.ctx.img_root, names)
+
+    def extra_image_dbs(self) -> list[str]:
+        """Image DBs needed beyond those the text DBs name (RefCOCO+: the ground-truth boxes)."""
+        return []
+
+    @property
+    def img_dbs(self) -> ImageDbGroup:
+        if self._img is None:
+            self.open()
+        assert self._img is not None
+        return self._img
+
+    @property
+    def regions(self) -> Regions:
+        return Regions(self.img_dbs)
+
+    @property
+    def special(self) -> dict[str, int]:
+        return self.db(self.text_dbs()[0]).meta["special_ids"]
+
+    def vocab_size(self) -> int:
+        meta = self.db(self.text_dbs()[0]).meta
+        return int(meta["vocab_size"]) + int(meta.get("obj_tags", {}).get("extra_vocab", 0))
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def train_dataset(self, stream: str) -> TaskDataset:
+        raise NotImplementedError
+
+    def held_out_dataset(self, stream: str) -> TaskDataset:
+        """Labelled examples of the first evaluation split, in the training format (dvclive val curves)."""
+        raise NotImplementedError
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rows plus ``targets`` (the default: one int target per item)."""
+        batch = collate_rows(items)
+        batch["targets"] = torch.tensor([int(it["target"]) for it in items], dtype=torch.long)
+        return batch
+
+    def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
+        raise NotImplementedError
+
+    def load_pretrained(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+        """Fill the encoder from a ``UniterForPretraining`` state dict (heads keep their init)."""
+        load_encoder_state(model, state)
+
+    def train_forward(self, model: nn.Module, batch: dict[str, Any], stream: str) -> TaskOutput:
+        return model(batch)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+        raise NotImplementedError
+
+    def chance(self) -> dict[str, float]:
+        """Chance level of each ``summary`` metric ({"split/metric": percent})."""
+        raise NotImplementedError
+
+    def model_info(self) -> dict[str, Any]:
+        """What else it takes to rebuild the head (model_config.json ``task``)."""
+        return {}
+
+
+class FinetuneModule(nn.Module):
+    """What the DeepSpeed engine trains: ``forward(batch, stream)`` -> ``loss`` + float ``metrics``.
+
+    The training loop (``pipeline.training.loop``) calls ``engine(batch, task)`` with the stream
+    name as ``task``. Counts are dropped from the metrics: the loop averages per batch.
+    """
+
+    def __init__(self, task: FinetuneTask, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._task = task  # a plain attribute: not a module, not in the state dict
+
+    def forward(self, batch: dict[str, Any], stream: str) -> SimpleNamespace:
+        out = self._task.train_forward(self.model, batch, stream)
+        metrics = {k: v for k, v in out.metrics.items() if not k.startswith("n_")}
+        return SimpleNamespace(loss=out.loss, metrics=metrics)
+
+
+def percent(correct: float, total: int) -> float:
+    """100 * correct / total, rounded to 4 decimals (0.0 for an empty split)."""
+    return round(100.0 * float(correct) / total, 4) if total else 0.0
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batches, device: torch.device):
+    """Yield ``(batch, output)`` for every batch, the model in eval mode (restored afterwards)."""
+    from pipeline.training.engine import cast_batch
+
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in batches:
+            inputs = {k: v for k, v in batch.items() if k != "targets"}
+            yield batch, model(cast_batch(inputs, device, "fp32"))
+    finally:
+        model.train(was_training)

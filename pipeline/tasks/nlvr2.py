@@ -1,0 +1,99 @@
+"""NLVR2: is the statement true of the image pair? ``finetune.nlvr2_variant`` picks the input layout.
+
+- ``pair`` and ``pair_biattn`` (default): two rows per example, ``[CLS] statement [SEP]`` with the
+  left image's regions, then with the right image's (``model.tasks.nlvr2``: row 2i / 2i+1).
+- ``triplet``: one row, the statement with the left regions then the right ones; the right
+  image's regions carry segment type 2.
+Text DBs ``nlvr2_{train,dev,test}`` (``image_ids`` = [left, right], ``label`` 1 true / 0 false /
+-1 unlabeled). Metrics: accuracy on dev and test; chance = the majority training label.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.config import UniterConfig
+from model.tasks import UniterForNlvr2
+from model.tasks.nlvr2 import RIGHT_IMAGE_TYPE
+from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.tasks.data import TaskDataset, eval_batches, labelled_ids, row, text_row
+
+EVAL_SPLITS = ("dev", "test")
+LEFT_IMAGE_TYPE = 1
+
+
+class Nlvr2Task(FinetuneTask):
+    name = "nlvr2"
+    streams = ("nlvr2",)
+    summary = (("NLVR2 test acc", "test/accuracy"),)
+
+    @property
+    def variant(self) -> str:
+        return self.ctx.cfg.nlvr2_variant
+
+    def text_dbs(self) -> list[str]:
+        return ["nlvr2_train", *(f"nlvr2_{s}" for s in EVAL_SPLITS)]
+
+    def dataset(self, split: str) -> TaskDataset:
+        db = self.db(f"nlvr2_{split}")
+        regions, special, triplet = self.regions, self.special, self.variant == "triplet"
+
+        def build(index: int, eid: str, rec: dict[str, Any]) -> dict[str, Any]:
+            images = rec["image_ids"]
+            if len(images) != 2:
+                raise ValueError(f"{db.path}: example {eid} has {len(images)} images, expected a pair")
+            text = text_row(special, rec["input_ids"])
+            left, right = regions.get(images[:1]), regions.get(images[1:])
+            if triplet:
+                both = {k: np.concatenate([left[k], right[k]]) for k in ("features", "norm_bb")}
+                types = [LEFT_IMAGE_TYPE] * len(left["features"]) + [RIGHT_IMAGE_TYPE] * len(right["features"])
+                rows = [row(text, both, img_type_ids=types)]
+            else:
+                rows = [row(text, left), row(text, right)]
+            return {"id": eid, "rows": rows, "target": int(rec["label"])}
+
+        def row_len(eid: str) -> tuple[int, int, int]:
+            left, right = (regions.count([q]) for q in db.txt2img[eid])
+            if triplet:
+                return db.id2len[eid] + 2, left + right, 1
+            return db.id2len[eid] + 2, max(left, right), 2
+
+        return TaskDataset(db, labelled_ids(db), build=build, row_len=row_len)
+
+    def train_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset("train")
+
+    def held_out_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset(EVAL_SPLITS[0])
+
+    def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
+        return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant)  # type: ignore[arg-type]
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+        metrics = {}
+        for split in EVAL_SPLITS:
+            ds = self.dataset(split)
+            correct = 0
+            for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
+                                      device):
+                correct += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
+            metrics[split] = {"accuracy": percent(correct, len(ds)), "examples": len(ds)}
+        return EvalResult(metrics=metrics, artifacts={})
+
+    def chance(self) -> dict[str, float]:
+        train = self.db("nlvr2_train")
+        majority = Counter(int(train[e]["label"]) for e in labelled_ids(train)).most_common(1)[0][0]
+        out = {}
+        for split in EVAL_SPLITS:
+            db = self.db(f"nlvr2_{split}")
+            ids = labelled_ids(db)
+            out[f"{split}/accuracy"] = percent(sum(int(db[e]["label"]) == majority for e in ids), len(ids))
+        return out
+
+    def model_info(self) -> dict[str, Any]:
+        return {"variant": self.variant}

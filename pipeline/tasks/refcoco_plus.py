@@ -1,0 +1,128 @@
+"""RefCOCO+: the expression picks one region; accuracy = the picked box overlaps the target at IoU >= 0.5.
+
+Text DBs ``refcoco_plus_{train,val,testA,testB}``: ``image_ids`` (detected boxes, ``coco``),
+``gt_image_ids`` (the image's ground-truth boxes, ``coco_gt``), ``target_box`` (x1, y1, x2, y2
+pixels) and ``target_index`` (the ground-truth box that is the target, -1 if none).
+Training uses the ground-truth boxes (CE over regions, target ``target_index``). Evaluation runs
+every split twice: over the ground-truth boxes (``gt_accuracy``) and over the detector's boxes
+(``det_accuracy``), taking the highest-scoring region's box. Chance level: the expected accuracy
+of picking a region uniformly at random (the share of regions at IoU >= 0.5), per split and mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.config import UniterConfig
+from model.tasks import UniterForRefExp
+from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.tasks.data import TaskDataset, eval_batches, row, text_row
+
+EVAL_SPLITS = ("val", "testA", "testB")
+MODES = ("gt", "det")
+IOU_THRESHOLD = 0.5
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of boxes ``a`` [m, 4] and ``b`` [n, 4] (x1, y1, x2, y2) -> [m, n]."""
+    a, b = np.asarray(a, np.float64).reshape(-1, 4), np.asarray(b, np.float64).reshape(-1, 4)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(-1)
+    area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(-1)
+    area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(-1)
+    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
+
+
+class RefcocoPlusTask(FinetuneTask):
+    name = "refcoco_plus"
+    streams = ("refcoco_plus",)
+    summary = (("RefCOCO+ val acc (detected boxes)", "val/det_accuracy"),)
+
+    def text_dbs(self) -> list[str]:
+        return ["refcoco_plus_train", *(f"refcoco_plus_{s}" for s in EVAL_SPLITS)]
+
+    def extra_image_dbs(self) -> list[str]:
+        gt = self.db("refcoco_plus_train").meta.get("gt_img_db")
+        if not gt:
+            raise FileNotFoundError(f"{self.db('refcoco_plus_train').path}: built without ground-truth boxes "
+                                    "(no coco_gt image DB); RefCOCO+ trains on them")
+        return [gt]
+
+    @property
+    def gt_img_db(self) -> str:
+        return self.extra_image_dbs()[0]
+
+    def images(self, db, eid: str, mode: str) -> list[str]:
+        """The example's qualified image id: detected boxes, or the same image in the ground-truth DB."""
+        detected = db.txt2img[eid]
+        if mode == "det":
+            return detected
+        return [f"{self.gt_img_db}/{q.partition('/')[2]}" for q in detected]
+
+    def dataset(self, split: str, mode: str, *, with_target_only: bool = False) -> TaskDataset:
+        """Examples of ``split`` over ``mode``'s boxes; ``with_target_only``: those whose target is
+        one of the ground-truth boxes (training needs a region index)."""
+        db = self.db(f"refcoco_plus_{split}")
+        regions, special = self.regions, self.special
+
+        def build(index: int, eid: str, rec: dict[str, Any]) -> dict[str, Any]:
+            reg = regions.get(self.images(db, eid, mode))
+            return {"id": eid, "rows": [row(text_row(special, rec["input_ids"]), reg)],
+                    "target": int(rec["target_index"]), "boxes": np.asarray(reg["boxes"]),
+                    "target_box": np.asarray(rec["target_box"])}
+
+        def row_len(eid: str) -> tuple[int, int, int]:
+            return db.id2len[eid] + 2, regions.count(self.images(db, eid, mode)), 1
+
+        ids = [e for e in db.ids if int(db[e]["target_index"]) >= 0] if with_target_only else db.ids
+        return TaskDataset(db, ids, build=build, row_len=row_len)
+
+    def train_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset("train", "gt", with_target_only=True)
+
+    def held_out_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset(EVAL_SPLITS[0], "gt", with_target_only=True)
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().collate(items)
+        batch["boxes"] = [it["boxes"] for it in items]
+        batch["target_boxes"] = [it["target_box"] for it in items]
+        return batch
+
+    def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
+        return UniterForRefExp(config, img_dim=img_dim)
+
+    def accuracy(self, model: nn.Module, split: str, mode: str, device: torch.device) -> tuple[float, int]:
+        ds = self.dataset(split, mode)
+        hits = 0
+        for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
+                                  device):
+            for pick, boxes, target in zip(out.logits.argmax(-1).tolist(), batch["boxes"], batch["target_boxes"]):
+                hits += int(box_iou(boxes[pick], target)[0, 0] >= IOU_THRESHOLD)
+        return percent(hits, len(ds)), len(ds)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+        metrics: dict[str, dict[str, Any]] = {}
+        for split in EVAL_SPLITS:
+            for mode in MODES:
+                acc, n = self.accuracy(model, split, mode, device)
+                metrics.setdefault(split, {})[f"{mode}_accuracy"] = acc
+                metrics[split][f"{mode}_examples"] = n
+        return EvalResult(metrics=metrics, artifacts={})
+
+    def chance(self) -> dict[str, float]:
+        out = {}
+        for split in EVAL_SPLITS:
+            db = self.db(f"refcoco_plus_{split}")
+            for mode in MODES:
+                shares = []
+                for e in db.ids:
+                    boxes = self.regions.get(self.images(db, e, mode))["boxes"]
+                    shares.append(float((box_iou(boxes, db[e]["target_box"])[:, 0] >= IOU_THRESHOLD).mean()))
+                out[f"{split}/{mode}_accuracy"] = percent(sum(shares), len(shares))
+        return out

@@ -1,0 +1,93 @@
+"""VCR: score each of the four choices; Q→A, QA→R and Q→AR accuracy.
+
+Two training streams over the text DBs of build_dbs, alternating by a seeded schedule:
+- ``qa`` (``vcr_qa_<split>``): row k = ``[CLS] question [SEP] answer_k [SEP]``, target ``label``;
+- ``qar`` (``vcr_qar_<split>``): row k = ``[CLS] question [SEP] gold answer [SEP] rationale_k [SEP]``.
+Every row sees the example's regions: the given boxes (``vcr_gt``, object tag k = region k) then
+the detected ones (``vcr``). The model starts from the second-stage (VCR) pretraining export.
+Q→AR counts a question right when both its answer and its rationale are picked right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from model.config import UniterConfig
+from model.tasks import UniterForVcr
+from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.tasks.data import TaskDataset, eval_batches, labelled_ids, row, text_row
+
+NUM_CHOICES = 4
+EVAL_SPLIT = "val"
+VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}
+
+
+class VcrTask(FinetuneTask):
+    name = "vcr"
+    init_stage = "pretrain_vcr"
+    streams = ("qa", "qar")
+    summary = (("VCR val Q→AR", f"{EVAL_SPLIT}/q2ar"),)
+
+    def text_dbs(self) -> list[str]:
+        return [f"{VIEW_DB[v]}_{s}" for s in ("train", EVAL_SPLIT) for v in self.streams]
+
+    def dataset(self, view: str, split: str) -> TaskDataset:
+        db = self.db(f"{VIEW_DB[view]}_{split}")
+        regions, special = self.regions, self.special
+
+        def build(index: int, eid: str, rec: dict[str, Any]) -> dict[str, Any]:
+            choices = rec["choices"]
+            if len(choices) != NUM_CHOICES:
+                raise ValueError(f"{db.path}: example {eid} has {len(choices)} choices, expected {NUM_CHOICES}")
+            reg = regions.get(rec["image_ids"])
+            if view == "qa":
+                rows = [row(text_row(special, rec["input_ids"], c), reg) for c in choices]
+            else:
+                gold = rec["answer_choices"][int(rec["answer_label"])]
+                rows = [row(text_row(special, rec["input_ids"], gold, c), reg) for c in choices]
+            return {"id": eid, "rows": rows, "target": int(rec["label"])}
+
+        specials = 3 if view == "qa" else 4
+
+        def row_len(eid: str) -> tuple[int, int, int]:
+            return db.id2len[eid] + specials, regions.count(db.txt2img[eid]), NUM_CHOICES
+
+        ids = labelled_ids(db)
+        if view == "qar":  # QA→R needs the gold answer as well
+            ids = [e for e in ids if int(db[e].get("answer_label", -1)) >= 0]
+        return TaskDataset(db, ids, build=build, row_len=row_len)
+
+    def train_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset(stream, "train")
+
+    def held_out_dataset(self, stream: str) -> TaskDataset:
+        return self.dataset(stream, EVAL_SPLIT)
+
+    def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
+        return UniterForVcr(config, img_dim=img_dim)
+
+    def correct_ids(self, model: nn.Module, view: str, device: torch.device) -> tuple[set[str], int]:
+        """(ids of the examples whose choice was picked right, examples scored) for one view."""
+        ds = self.dataset(view, EVAL_SPLIT)
+        right: set[str] = set()
+        for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
+                                  device):
+            picks = out.logits.view(len(batch["ids"]), NUM_CHOICES).argmax(-1).cpu()
+            right.update(e for e, ok in zip(batch["ids"], (picks == batch["targets"]).tolist()) if ok)
+        return right, len(ds)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+        qa_right, n_qa = self.correct_ids(model, "qa", device)
+        qar_right, n_qar = self.correct_ids(model, "qar", device)
+        both = set(self.dataset("qa", EVAL_SPLIT).ids) & set(self.dataset("qar", EVAL_SPLIT).ids)
+        metrics = {EVAL_SPLIT: {"q2a": percent(len(qa_right), n_qa), "qa2r": percent(len(qar_right), n_qar),
+                                "q2ar": percent(len(qa_right & qar_right & both), len(both)),
+                                "questions": len(both)}}
+        return EvalResult(metrics=metrics, artifacts={})
+
+    def chance(self) -> dict[str, float]:
+        p = 100.0 / NUM_CHOICES
+        return {f"{EVAL_SPLIT}/q2a": p, f"{EVAL_SPLIT}/qa2r": p, f"{EVAL_SPLIT}/q2ar": p / NUM_CHOICES}

@@ -1,0 +1,212 @@
+"""Stage ``finetune@<task>`` on small synthetic DBs with the tiny model: every task's train + eval loop,
+the outputs and their formats, the NLVR2 variants, the scratch comparison, bad params; slow: a
+run killed with SIGKILL resumes to byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tasks"))
+from finetune_world import ROOT, budget, ft_params, world  # noqa: E402
+
+from pipeline.configs.finetune import TASKS  # noqa: E402
+from pipeline.runinfo import file_digest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return world(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def finished(data) -> dict:
+    """Every task fine-tuned for 3 steps from the pretrained start (one process, in order)."""
+    from pipeline.finetune import run
+
+    return run(ft_params(data, *(budget(t) for t in TASKS)))
+
+
+def tsv(path: Path) -> list[tuple[int, float]]:
+    with path.open() as fh:
+        return [(int(r[0]), float(r[1])) for r in list(csv.reader(fh, delimiter="\t"))[1:]]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task):
+    record = finished[task]
+    out = data / "models" / task
+    assert {"model.safetensors", "model_config.json", "eval.json", "_run.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((data / "metrics" / f"{task}.json").read_text()) == record
+    assert not (data / "checkpoints" / "finetune" / task).exists()  # the work directory is gone
+    assert record["steps"] == 3 and "scratch" not in record
+    for key, entry in record["summary"].items():
+        split, _, name = key.partition("/")
+        assert entry["pretrained"] == record["pretrained"][split][name]
+        assert entry["chance"] == record["chance"][key]
+        assert 0.0 <= entry["pretrained"] <= 100.0
+    run = json.loads((out / "_run.json").read_text())
+    assert run["stage"] == f"finetune@{task}" and run["counts"]["resumed_from_step"] == {"pretrained": 0}
+    assert set(run["timings_s"]["pretrained"]) >= {"train", "eval", "total"}
+    losses = tsv(data / "metrics" / task / "pretrained" / "plots" / "metrics" / "train" / "loss.tsv")
+    assert [s for s, _ in losses] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task):
+    """model.safetensors + model_config.json rebuild the model that was evaluated."""
+    import torch
+    from safetensors.torch import load_file
+
+    from model.config import UniterConfig
+    from pipeline.tasks import task_class
+    from pipeline.tasks.base import TaskContext
+
+    params = ft_params(data, budget(task))
+    config = json.loads((data / "models" / task / "model_config.json").read_text())
+    t = task_class(task)(TaskContext(name=task, data=data, cfg=params.finetune, task_cfg=params.finetune.per_task[task],
+                                     seed=params.seed))
+    model = t.build_model(UniterConfig(**config["uniter_config"]), img_dim=config["img_dim"])
+    model.load_state_dict(load_file(str(data / "models" / task / "model.safetensors")), strict=True)
+    assert t.evaluate(model, torch.device("cpu")).metrics == finished[task]["pretrained"]
+
+
+def test_task_specific_outputs(data, finished):
+    vqa = data / "models" / "vqa"
+    from pipeline.stores import TextDb
+
+    for split in ("val", "test"):
+        preds = json.loads((vqa / f"vqa_predictions_{split}.json").read_text())
+        db = TextDb(data / "db" / "txt" / f"vqa_{split}")
+        assert sorted(p["question_id"] for p in preds) == sorted(int(db[e]["question_id"]) for e in db.ids)
+        vocab = json.loads((data / "db" / "txt" / "vqa_train" / "ans2label.json").read_text())
+        assert all(isinstance(p["answer"], str) and p["answer"] in vocab for p in preds)
+    assert finished["vqa"]["pretrained"]["val"]["questions"] == len(TextDb(data / "db" / "txt" / "vqa_val"))
+
+    vcr = finished["vcr"]["pretrained"]["val"]
+    assert set(vcr) == {"q2a", "qa2r", "q2ar", "questions"} and vcr["q2ar"] <= min(vcr["q2a"], vcr["qa2r"])
+    assert finished["vcr"]["chance"] == {"val/q2a": 25.0, "val/qa2r": 25.0, "val/q2ar": 6.25}
+
+    ref = finished["refcoco_plus"]["pretrained"]
+    assert set(ref) == {"val", "testA", "testB"}
+    assert all({"gt_accuracy", "det_accuracy"} <= set(m) for m in ref.values())
+
+    retrieval = finished["retrieval_flickr"]
+    assert set(retrieval["zero_shot"]["test"]) >= {"ir_r1", "ir_r5", "ir_r10", "tr_r1", "tr_r5", "tr_r10", "r_mean"}
+    assert retrieval["summary"]["test/ir_r1"]["zero_shot"] == retrieval["zero_shot"]["test"]["ir_r1"]
+    images = retrieval["pretrained"]["test"]["images"]
+    assert retrieval["chance"]["test/ir_r1"] == pytest.approx(100.0 / images, abs=1e-3)
+
+
+@pytest.mark.parametrize("variant", ["triplet", "pair"])
+def test_nlvr2_variants(data, variant):
+    from pipeline.finetune import run
+
+    record = run(ft_params(data, budget("nlvr2", steps=2), f"finetune.nlvr2_variant={variant}"), "nlvr2")["nlvr2"]
+    config = json.loads((data / "models" / "nlvr2" / "model_config.json").read_text())
+    assert config["task_info"] == {"variant": variant}
+    assert set(record["pretrained"]) == {"dev", "test"}
+
+
+def test_scratch_comparison_has_the_same_budget_and_head_start(data):
+    from safetensors.torch import load_file
+
+    from pipeline.finetune import run
+
+    record = run(ft_params(data, budget("snli_ve", steps=4), "finetune.compare_scratch=true"), "snli_ve")["snli_ve"]
+    entry = record["summary"]["test/accuracy"]
+    assert entry["gain"] == pytest.approx(entry["pretrained"] - entry["scratch"])
+    run_json = json.loads((data / "models" / "snli_ve" / "_run.json").read_text())
+    assert run_json["counts"]["resumed_from_step"] == {"pretrained": 0, "scratch": 0}
+    for init in ("pretrained", "scratch"):
+        assert len(tsv(data / "metrics" / "snli_ve" / init / "plots" / "metrics" / "train" / "loss.tsv")) == 4
+    # the fine-tuned weights are the pretrained start's (the scratch model is only measured)
+    state = load_file(str(data / "models" / "snli_ve" / "model.safetensors"))
+    assert "uniter.embeddings.word_embeddings.weight" in state and "head.3.weight" in state
+
+
+def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
+    from pipeline.finetune import run
+
+    with pytest.raises(ValueError, match="unknown fine-tuning task 'vqa2'"):
+        run(ft_params(data), "vqa2")
+    with pytest.raises(ValueError, match="retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"):
+        run(ft_params(data, "finetune.retrieval_neg_pool=1", "finetune.retrieval_hard_negatives=2"), "snli_ve")
+    empty = tmp_path / "data"
+    shutil.copytree(data / "db", empty / "db")
+    with pytest.raises(FileNotFoundError, match="pretrain/model_config.json not found"):
+        run(ft_params(empty, budget("snli_ve")), "snli_ve")
+    with pytest.raises(FileNotFoundError, match="text DB .*nlvr2_train not found"):
+        run(ft_params(tmp_path / "nothing", budget("nlvr2")), "nlvr2")
+
+
+def test_results_stage_reads_what_finetune_wrote(data, finished):
+    from pipeline.results import run
+
+    results = run(ft_params(data))
+    assert [r["task"] for r in results["rows"]] == ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr",
+                                                    "retrieval_flickr", "refcoco_plus"]
+    assert results["meta_sum"]["pretrained"] == pytest.approx(sum(r["pretrained"] for r in results["rows"]), abs=1e-3)
+    md = (data / "reports" / "results.md").read_text()
+    assert "| **Meta-Sum** |" in md and "Flickr TR R@1" in md
+
+
+# ------------------------------------------------------------------------------------------
+# kill and resume (slow): the real CLI in subprocesses
+
+
+def _cli(data: Path, *overrides: str) -> list[str]:
+    from finetune_world import FAST
+
+    sets = [a for o in (f"paths.data={data}", *FAST, *overrides) for a in ("--set", o)]
+    return [sys.executable, "-m", "pipeline", "finetune", "retrieval_flickr", *sets]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "DVC_NO_ANALYTICS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_identical_outputs(data):
+    """SIGKILL mid-training (the scratch start, after the pretrained one finished), rerun: the same
+    bytes as an uninterrupted run. Retrieval exercises two streams and the hard-negative pools."""
+    common = (budget("retrieval_flickr", steps=8), "finetune.checkpoint_every=3", "finetune.compare_scratch=true",
+              "finetune.val_every=4")
+    outputs = ("models/retrieval_flickr/model.safetensors", "models/retrieval_flickr/eval.json",
+               "metrics/retrieval_flickr.json", "metrics/retrieval_flickr/scratch/plots/metrics/train/loss.tsv")
+    subprocess.run(_cli(data, *common), cwd=ROOT, env=_env(), check=True, capture_output=True)
+    reference = {name: file_digest(data / name) for name in outputs}
+    shutil.rmtree(data / "models" / "retrieval_flickr")
+    shutil.rmtree(data / "metrics" / "retrieval_flickr")
+
+    loss = data / "checkpoints/finetune/retrieval_flickr/scratch/live/plots/metrics/train/loss.tsv"
+    proc = subprocess.Popen(_cli(data, *common), cwd=ROOT, env=_env(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:
+        while not (loss.exists() and any(s >= 5 for s, _ in tsv(loss))):
+            assert proc.poll() is None, f"the run ended (status {proc.returncode}) before it could be killed"
+            assert time.time() < deadline, "step 5 of the scratch start not reached in 300 s"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (data / "checkpoints/finetune/retrieval_flickr/pretrained/result/result.json").exists()
+    subprocess.run(_cli(data, *common), cwd=ROOT, env=_env(), check=True, capture_output=True)
+
+    run = json.loads((data / "models/retrieval_flickr/_run.json").read_text())
+    assert run["counts"]["resumed_from_step"]["scratch"] == 3
+    for name, digest in reference.items():
+        assert file_digest(data / name) == digest, name
