@@ -34,7 +34,7 @@ from pipeline.detector.build import Detector, build_model  # isort: skip
 import torch  # isort: skip
 
 from pipeline.config import Params, to_dict
-from pipeline.detector.extractor import RegionExtractor
+from pipeline.detector.extractor import RegionExtractor, Regions
 from pipeline.image_io import ImageRejected, decode_image
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 
@@ -169,21 +169,17 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(area(a)[:, None] + area(b)[None, :] - inter, 1e-9)
 
 
-def evaluate(detector: Detector, scenes: list[SceneImage], images: list[np.ndarray], *, shapes: list[str],
-             conf_th: float, min_boxes: int, max_boxes: int, batch_size: int = 8) -> dict:
-    """Held-out quality of ``detector`` with the extraction keep rule (see module doc).
+def score_regions(scenes: list[SceneImage], regions: list[Regions], shapes: list[str]) -> dict:
+    """Recall / shape / class accuracy of kept ``regions`` against the planted objects of ``scenes``.
 
+    A planted object is covered when some kept box has IoU >= 0.5 with it; its prediction is the
+    top soft label (argmax over background + classes) of the kept box that overlaps it most.
     ``shapes[c]`` is the shape of foreground class c.
     """
-    extractor = RegionExtractor(detector, conf_th=conf_th, min_boxes=min_boxes, max_boxes=max_boxes,
-                                batch_size=batch_size)
-    regions = extractor.extract(images)
     objects = covered = shape_ok = class_ok = 0
     for scene, reg in zip(scenes, regions):
-        if len(scene.boxes) == 0:
-            continue
         objects += len(scene.boxes)
-        if len(reg.boxes) == 0:
+        if len(scene.boxes) == 0 or len(reg.boxes) == 0:
             continue
         iou = box_iou(scene.boxes, reg.boxes)
         top = reg.soft_labels.argmax(axis=1)  # 0 = background
@@ -197,7 +193,16 @@ def evaluate(detector: Detector, scenes: list[SceneImage], images: list[np.ndarr
             class_ok += label == int(scene.classes[k])
     frac = lambda n: round(n / objects, 4) if objects else 0.0  # noqa: E731
     return {"images": len(scenes), "objects": objects, "recall": frac(covered), "shape_acc": frac(shape_ok),
-            "class_acc": frac(class_ok), "regions_per_image": round(float(np.mean([len(r.boxes) for r in regions])), 2)}
+            "class_acc": frac(class_ok),
+            "regions_per_image": round(float(np.mean([len(r.boxes) for r in regions])), 2) if regions else 0.0}
+
+
+def evaluate(detector: Detector, scenes: list[SceneImage], images: list[np.ndarray], *, shapes: list[str],
+             conf_th: float, min_boxes: int, max_boxes: int, batch_size: int = 8) -> dict:
+    """Held-out quality of ``detector`` with the extraction keep rule: see :func:`score_regions`."""
+    extractor = RegionExtractor(detector, conf_th=conf_th, min_boxes=min_boxes, max_boxes=max_boxes,
+                                batch_size=batch_size)
+    return score_regions(scenes, extractor.extract(images), shapes)
 
 
 def _decode_all(scenes: list[SceneImage]) -> list[np.ndarray]:
