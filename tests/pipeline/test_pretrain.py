@@ -90,6 +90,7 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
 def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     from pipeline.pretrain import run_vcr
     from pipeline.stores import TextDb
+    from pipeline.training.vcr_views import GoldAnswerView
 
     run_vcr(params_for(data, *FAST, "pretrain.vcr.steps=6", "pretrain.val_every=0", "pretrain.checkpoint_every=0"))
     out = data / "models" / "pretrain_vcr"
@@ -100,6 +101,11 @@ def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     qar = len(TextDb(data / "db/txt/pretrain_vcr_train"))
     assert run["counts"]["train_examples"]["mlm"] == labelled + qar  # Q→A and QA→R side by side
     assert run["input_digests"]["init"] == file_digest(first_stage / "model.safetensors")
+    view = GoldAnswerView(TextDb(data / "db/txt/vcr_qa_train"))
+    for eid in view.ids:  # Q→A text = question + the gold answer choice
+        raw = TextDb(data / "db/txt/vcr_qa_train")[eid]
+        want = list(raw["input_ids"]) + list(raw["choices"][raw["label"]])
+        assert list(view[eid]["input_ids"]) == want and view.id2len[eid] == len(want)
     first = json.loads((first_stage / "model_config.json").read_text())
     assert json.loads((out / "model_config.json").read_text())["uniter_config"] == first["uniter_config"]
 
