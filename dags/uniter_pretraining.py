@@ -175,8 +175,7 @@ def uniter_pretraining():
     done = record(run)
     world >> ingested >> cleaned >> features
     world >> detector >> features
-    features >> dbs >> first >> second >> tuned >> table >> done
-    second >> curves >> done
+    features >> dbs >> first >> second >> tuned >> [table, curves] >> done
 
 
 uniter_pretraining()

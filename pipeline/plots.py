@@ -1,10 +1,11 @@
 """Offline plots of training metrics: PNG and SVG files, no web assets.
 
 `dvc plots show` writes HTML that loads vega from the web; this renders the same dvclive series
-(``<data>/metrics/<run>/plots/metrics/{train,val}/**.tsv``, one ``step<TAB>value`` file per metric)
-with matplotlib instead. One figure per metric of each training run, train and val curves
-together, written as ``<data>/reports/plots/<run>/<metric>.{svg,png}`` plus an ``index.md`` that
-links them. Same series => same bytes (no dates, fixed SVG ids).
+(``<run>/plots/metrics/{train,val}/**.tsv`` below ``<data>/metrics``, one ``step<TAB>value`` file
+per metric; a run is ``pretrain``, ``pretrain_vcr``, or ``<task>/<start>`` for fine-tuning) with
+matplotlib instead. One figure per metric of each training run, train and val curves together,
+written as ``<data>/reports/plots/<run>/<metric>.{svg,png}`` plus an ``index.md`` that links
+them. Same series => same bytes (no dates, fixed SVG ids).
 
     python -m pipeline.plots [--params params.yaml]          # every run under <data>/metrics
     python -m pipeline.plots --metrics DIR --out DIR
@@ -90,13 +91,14 @@ def file_stem(metric: str) -> str:
     return metric.replace("/", "_")
 
 
-def render_run(run_dir: Path, out_dir: Path, *, formats: Sequence[str] = ("svg", "png")) -> list[Path]:
+def render_run(run_dir: Path, out_dir: Path, *, title: str | None = None,
+               formats: Sequence[str] = ("svg", "png")) -> list[Path]:
     """Write every metric of one dvclive directory to ``out_dir``; return the files written."""
     written = []
     for metric, curves in sorted(collect(run_dir).items()):
         for fmt in formats:
             path = out_dir / f"{file_stem(metric)}.{fmt}"
-            atomic_write_bytes(path, figure_bytes(f"{run_dir.name}: {metric}", curves, fmt))
+            atomic_write_bytes(path, figure_bytes(f"{title or run_dir.name}: {metric}", curves, fmt))
             written.append(path)
     return written
 
@@ -104,16 +106,17 @@ def render_run(run_dir: Path, out_dir: Path, *, formats: Sequence[str] = ("svg",
 def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[Path]]:
     """Plots of every dvclive directory below ``metrics_root`` into ``out_root/<run>/``, replacing
     ``out_root`` atomically, with an ``index.md`` of image links. Returns {run: files}."""
-    runs = sorted(p for p in metrics_root.iterdir() if (p / "plots" / "metrics").is_dir()) \
+    runs = sorted(p.parent.parent for p in metrics_root.rglob("plots/metrics") if p.is_dir()) \
         if metrics_root.is_dir() else []
     result: dict[str, list[Path]] = {}
     with atomic_dir(out_root) as tmp:
         lines = ["# Training curves", ""]
         for run_dir in runs:
-            files = render_run(run_dir, tmp / run_dir.name)
-            result[run_dir.name] = [out_root / f.relative_to(tmp) for f in files]
-            lines += [f"## {run_dir.name}", ""]
-            lines += [f"![{f.stem}]({run_dir.name}/{f.name})" for f in files if f.suffix == ".svg"] + [""]
+            name = run_dir.relative_to(metrics_root).as_posix()
+            files = render_run(run_dir, tmp / name, title=name)
+            result[name] = [out_root / f.relative_to(tmp) for f in files]
+            lines += [f"## {name}", ""]
+            lines += [f"![{f.stem}]({name}/{f.name})" for f in files if f.suffix == ".svg"] + [""]
         if not runs:
             lines.append(f"No dvclive metrics under {metrics_root}.")
         atomic_write_bytes(tmp / "index.md", ("\n".join(lines).rstrip() + "\n").encode())

@@ -162,6 +162,10 @@ NOT_DEPS = {
     "pretrain.master_port": "execution",
     "pretrain.num_workers": "execution: DataLoader processes",
     "pretrain.device": "execution",
+    "pretrain.keep_checkpoints": "execution: resume points, removed when the stage ends",
+    "pretrain.out_name": "location; interpolated into the outs and deps",
+    "finetune.keep_checkpoints": "execution: resume points, removed when the stage ends",
+    "finetune.device": "execution",
 }
 
 

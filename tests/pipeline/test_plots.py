@@ -42,10 +42,12 @@ def test_series_are_read_back_as_dvclive_wrote_them(tmp_path):
 def test_every_metric_of_every_run_becomes_an_svg_and_png_deterministically(tmp_path):
     write_dvclive(tmp_path / "metrics/pretrain", steps=5)
     write_dvclive(tmp_path / "metrics/pretrain_vcr", steps=3)
+    write_dvclive(tmp_path / "metrics/vqa/scratch", steps=2)  # fine-tuning: <task>/<start>
     (tmp_path / "metrics/vqa.json").write_text("{}")  # task metrics files are not dvclive runs
     out = tmp_path / "reports/plots"
     result = render_all(tmp_path / "metrics", out)
-    assert sorted(result) == ["pretrain", "pretrain_vcr"]
+    assert sorted(result) == ["pretrain", "pretrain_vcr", "vqa/scratch"]
+    assert (out / "vqa/scratch/mlm_acc.svg").is_file()
     names = sorted(p.name for p in (out / "pretrain").iterdir())
     assert names == ["loss.png", "loss.svg", "mlm_acc.png", "mlm_acc.svg"]
     svg = ET.parse(out / "pretrain/loss.svg").getroot()
