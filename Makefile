@@ -22,7 +22,9 @@ setup: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml scripts/install_detectron2.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	# pip 23.2 (Python 3.11's bundled one): newer pips refuse the detectron2 sdist's metadata
+	# (a direct-URL extra), even for a --no-deps download.
+	$(BIN)/pip install -q "pip==23.2.1"
 	$(BIN)/pip install -q -r requirements-dev.txt
 	bash scripts/install_detectron2.sh $(BIN)/python
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
