@@ -2,8 +2,9 @@
 running one stage exactly as DVC does (``python -m pipeline <stage> [ITEM] --params FILE``).
 
 A run lives in ``<paths.runs>/<run_name>/``: ``params.yaml`` (the repo's params with the trigger's
-choices applied and every artifact path moved inside the run), ``conf.json`` (the trigger conf as
-given), ``data/`` (every stage output) and, at the end, ``outputs.json`` (a digest per output).
+choices applied and every artifact path moved inside the run), ``conf.json`` (the run's DAG
+params: the trigger conf over the defaults), ``data/`` (every stage output) and, at the end,
+``outputs.json`` (a digest per output).
 Stages are idempotent and write atomically, so a retried task simply runs its stage again.
 
 Kept free of Airflow imports so tests can use it directly; ``.airflowignore`` keeps the

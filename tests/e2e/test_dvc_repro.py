@@ -176,8 +176,9 @@ def downstream_of(param: str, repo: Path) -> set[str]:
 def tiny_runs(tmp_path_factory):
     """Two independent fresh copies with the tiny params, each reproduced from scratch."""
     runs = {}
-    for name in ("a", "b"):
-        repo = fresh_copy(tmp_path_factory.mktemp(f"tiny_{name}"), TINY)
+    # both copies first: they must hold the same code even if the working tree changes meanwhile
+    repos = {name: fresh_copy(tmp_path_factory.mktemp(f"tiny_{name}"), TINY) for name in ("a", "b")}
+    for name, repo in repos.items():
         start = time.time()
         log = dvc(["repro"], repo)
         runs[name] = (repo, log, time.time() - start)
