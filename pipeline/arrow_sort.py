@@ -1,4 +1,4 @@
-"""Fast argsort of a string column (example ids) by a 64-bit integer prefix key.
+"""Fast argsort and distinct count of a string column (ids) by a 64-bit integer prefix key.
 
 Sorting millions of ids with string comparisons is the most expensive step of writing a clean
 manifest. Ids share a prefix (``cc:``) and then differ early (hashes, numbers), so the 8 bytes that
@@ -25,20 +25,21 @@ def _common_prefix_len(a: bytes, b: bytes) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _prefix_keys(ids: pa.Array, skip: int) -> np.ndarray:
+def _prefix_keys(ids: pa.Array, skip: int, *, chunk: int = 1 << 20) -> np.ndarray:
     """uint64 [n]: bytes skip..skip+8 of every string, big-endian, zero-padded past the end."""
-    offsets_type = np.int64 if pa.types.is_large_string(ids.type) else np.int32
-    offsets = np.frombuffer(ids.buffers()[1], dtype=offsets_type)[ids.offset : ids.offset + len(ids) + 1]
-    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8) if ids.buffers()[2] is not None else np.zeros(0, np.uint8)
+    offsets, data = _string_data(ids)
+    offsets = offsets - offsets[0]
     if len(data) == 0:  # every string empty
         data = np.zeros(1, np.uint8)
-    starts = offsets[:-1].astype(np.int64) + skip
-    lengths = offsets[1:].astype(np.int64) - starts
-    keys = np.zeros(len(ids), dtype=np.uint64)
-    last = max(len(data) - 1, 0)
-    for j in range(8):
-        byte = np.where(lengths > j, data[np.minimum(starts + j, last)], 0).astype(np.uint64)
-        keys |= byte << np.uint64(56 - 8 * j)
+    keys = np.empty(len(ids), dtype=np.uint64)
+    byte_pos = np.arange(8)
+    n = len(ids)
+    for lo in range(0, n, chunk):  # one (rows x 8) gather per chunk bounds the index memory
+        starts = offsets[lo : min(lo + chunk, n)] + skip
+        lengths = offsets[lo + 1 : lo + chunk + 1] - starts
+        gathered = data[np.minimum(starts[:, None] + byte_pos, len(data) - 1)]
+        gathered[byte_pos >= lengths[:, None]] = 0
+        keys[lo : lo + len(starts)] = np.ascontiguousarray(gathered).view(">u8").reshape(-1)
     return keys
 
 
@@ -52,7 +53,7 @@ def sort_indices(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     bounds = pc.min_max(ids)
     skip = _common_prefix_len(bounds["min"].as_py().encode(), bounds["max"].as_py().encode())
     keys = _prefix_keys(ids, skip)
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys)  # unstable is fine: runs of equal keys are re-sorted by (string, row) below
     sorted_keys = keys[order]
     tied = np.zeros(n, dtype=bool)
     same = sorted_keys[1:] == sorted_keys[:-1]
@@ -72,12 +73,57 @@ def sort_indices(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return order
 
 
-def take_sorted(table: pa.Table, column: str, *, workers: int = 1) -> pa.Table:
-    """``table`` sorted by ``column`` (skipped when already sorted); columns gathered on ``workers`` threads."""
+def _string_data(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    offsets_type = np.int64 if pa.types.is_large_string(ids.type) else np.int32
+    offsets = np.frombuffer(ids.buffers()[1], dtype=offsets_type)[ids.offset : ids.offset + len(ids) + 1]
+    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8) if ids.buffers()[2] is not None else np.zeros(0, np.uint8)
+    return offsets.astype(np.int64), data[offsets[0] : offsets[-1]]
+
+
+def count_distinct(ids: pa.Array | pa.ChunkedArray) -> int:
+    """Number of distinct strings (same as ``pc.count_distinct``), sorting 64-bit prefix keys.
+
+    Hashing millions of strings is slow and cache-unfriendly; sorting integers is not. Equal keys
+    are distinct strings only if the strings are longer than the key (or hold NUL bytes): those
+    runs are counted exactly with Arrow.
+    """
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if len(ids) < 2 or ids.null_count or not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        return pc.count_distinct(ids).as_py()
+    bounds = pc.min_max(ids)
+    skip = _common_prefix_len(bounds["min"].as_py().encode(), bounds["max"].as_py().encode())
+    keys = _prefix_keys(ids, skip)
+    offsets, data = _string_data(ids)
+    exact = int(np.diff(offsets).max()) - skip <= 8 and not (data == 0).any()
+    if exact:  # every string is its prefix key
+        return int(len(np.unique(keys)))
+    sorted_keys = np.sort(keys)
+    same = sorted_keys[1:] == sorted_keys[:-1]
+    distinct = 1 + int(np.count_nonzero(~same))
+    if not same.any():
+        return distinct
+    # rows whose key is shared: count their distinct strings per key exactly
+    shared = np.isin(keys, np.unique(sorted_keys[1:][same]))
+    rows = pa.table({"key": keys[shared], "id": ids.filter(pa.array(shared))})
+    per_key = rows.group_by(["key"], use_threads=False).aggregate([("id", "count_distinct")])
+    return distinct + int(pc.sum(per_key.column("id_count_distinct")).as_py()) - per_key.num_rows
+
+
+def take_sorted(table: pa.Table, column: str, *, keep: pa.Array | None = None, workers: int = 1) -> pa.Table:
+    """The rows of ``table`` where ``keep`` (default: all), sorted by ``column``, in one gather.
+
+    Selecting and sorting together copies the table once instead of twice; an input already in
+    order is only filtered. Columns are gathered on ``workers`` threads.
+    """
     ids = table.column(column)
-    if table.num_rows < 2 or pc.all(pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py():
+    rows = np.arange(table.num_rows) if keep is None else np.flatnonzero(keep.to_numpy(zero_copy_only=False))
+    kept_ids = ids if keep is None else ids.take(pa.array(rows))
+    if len(rows) >= 2 and not pc.all(pc.less(kept_ids.slice(0, len(kept_ids) - 1), kept_ids.slice(1))).as_py():
+        rows = rows[sort_indices(kept_ids)]
+    elif keep is None:
         return table
-    order = pa.array(sort_indices(ids))
+    order = pa.array(rows)
     if workers <= 1:
         return table.take(order)
     from concurrent.futures import ThreadPoolExecutor

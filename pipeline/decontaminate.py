@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.arrow_sort import take_sorted
+from pipeline.arrow_sort import count_distinct, take_sorted
 from pipeline.eval_set import (
     IMAGE_COLUMNS,
     KEY_SEP,
@@ -210,13 +210,13 @@ def decontaminate_dataset(
     rows = string_columns(manifest, IMAGE_COLUMNS)
     row_keys, prefix = row_image_keys(rows)
     with ThreadPoolExecutor(1) as pool:
-        input_images_job = pool.submit(lambda: pc.count_distinct(row_keys).as_py())
+        input_images_job = pool.submit(count_distinct, row_keys)
         matches = find_key_matches(rows, index, workers=workers, row_keys=(row_keys, prefix))
         if finder is not None:
             add_near_duplicates(matches, rows, finder, desc=f"phash {dataset}")
         removed_keys = pa.array(sorted(k[len(prefix):] for k in matches), row_keys.type)
         removed_mask = pc.is_in(row_keys, value_set=removed_keys)
-        clean = _clean_rows(dataset, manifest.filter(pc.invert(removed_mask)), val_coco_ids, workers)
+        clean = _clean_rows(dataset, manifest, pc.invert(removed_mask), val_coco_ids, workers)
         input_images = input_images_job.result()
     removed = _removed_entries(rows.filter(removed_mask), row_keys.filter(removed_mask), prefix, matches)
     removed_images = {r: 0 for r in REASONS}
@@ -250,12 +250,13 @@ def add_near_duplicates(matches: dict[str, ImageMatch], rows: pa.Table, finder: 
         match.refs.update(refs)
 
 
-def _clean_rows(dataset: str, kept: pa.Table, val_coco_ids: set[str] | None, workers: int) -> pa.Table:
-    """The kept rows with split train|val, sorted by example_id."""
-    split_at = kept.schema.get_field_index("split")
-    kept = kept.set_column(split_at, kept.schema.field(split_at),  # keeps type and nullability
-                           pretrain_split(kept, dataset, val_coco_ids=val_coco_ids))
-    return take_sorted(kept, "example_id", workers=workers)
+def _clean_rows(dataset: str, manifest: pa.Table, keep: pa.Array, val_coco_ids: set[str] | None,
+                workers: int) -> pa.Table:
+    """The rows where ``keep``, with split train|val, sorted by example_id."""
+    split_at = manifest.schema.get_field_index("split")
+    manifest = manifest.set_column(split_at, manifest.schema.field(split_at),  # keeps type and nullability
+                                   pretrain_split(manifest, dataset, val_coco_ids=val_coco_ids))
+    return take_sorted(manifest, "example_id", keep=keep, workers=workers)
 
 
 def _removed_entries(rows: pa.Table, row_keys: pa.Array, prefix: str, matches: dict[str, ImageMatch]) -> list[dict]:

@@ -36,6 +36,8 @@ _SIMPLE = (rf"^(?P<pre>[A-Za-z][A-Za-z0-9+.\-]*://[A-Za-z0-9.\-]+)(?P<path>(?:/{
            rf"(?P<query>(?:\?{_QUERY_CHARS}*)?)$")
 _FLICKR_STATIC_NOCAP = FLICKR_STATIC_PATTERN.replace("(?P<id>", "(?:")
 _FLICKR_OTHER = r"^https?://(?:(?:www\.|m\.)?flickr\.com/photos/|(?:www\.)?flic\.kr/p/)"
+# every URL any Flickr pattern can match starts like this (anchored: other hosts fail at once)
+_FLICKR_ANY = r"^https?://[a-z0-9.]*(?:flickr\.com|flic\.kr)[:/]"
 _STRING = pa.large_string()
 _EMPTY = pa.scalar("", _STRING)
 
@@ -124,22 +126,27 @@ def canonical_urls(urls: pa.Array | pa.ChunkedArray | list) -> pa.Array:
 def flickr_photo_ids_from_canonical(canon: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Flickr photo ids (or null) of already canonical URLs, as a large_string array."""
     canon = _as_array(canon)
+    flickr = _mask(canon, _FLICKR_ANY)
+    if not pc.any(flickr).as_py():
+        return pa.nulls(len(canon), _STRING)
+    flickr_idx = np.flatnonzero(flickr.to_numpy(zero_copy_only=False))
+    candidates = canon.filter(flickr)
     parts = []
-    static = _mask(canon, _FLICKR_STATIC_NOCAP)  # anchored: non-Flickr URLs fail at the host
+    static = _mask(candidates, _FLICKR_STATIC_NOCAP)
     if pc.any(static).as_py():
-        url = canon.filter(static)
+        url = candidates.filter(static)
         path = pc.list_element(pc.split_pattern(url, "?", max_splits=1), 0)
         name = pc.list_element(pc.split_pattern(path, "/", max_splits=1, reverse=True), 1)
         digits = pc.list_element(pc.split_pattern(name, "_", max_splits=1), 0)
         digits = pc.list_element(pc.split_pattern(digits, ".", max_splits=1), 0)
         digits = pc.utf8_ltrim(digits, characters="0")
-        parts.append((np.flatnonzero(static.to_numpy(zero_copy_only=False)),
+        parts.append((flickr_idx[static.to_numpy(zero_copy_only=False)],
                       pc.if_else(pc.equal(digits, ""), pa.scalar("0", _STRING), digits)))
     # photo pages and flic.kr short links: rare, the scalar function decides
-    other = _mask(canon, _FLICKR_OTHER)
+    other = pc.and_(pc.invert(static), _mask(candidates, _FLICKR_OTHER))
     if pc.any(other).as_py():
-        ids = _apply_unique(flickr_photo_id_from_url, canon.filter(other).to_pylist())
-        parts.append((np.flatnonzero(other.to_numpy(zero_copy_only=False)), pa.array(ids, _STRING)))
+        ids = _apply_unique(flickr_photo_id_from_url, candidates.filter(other).to_pylist())
+        parts.append((flickr_idx[other.to_numpy(zero_copy_only=False)], pa.array(ids, _STRING)))
     return _scatter(len(canon), parts)
 
 

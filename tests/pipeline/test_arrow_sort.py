@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.arrow_sort import sort_indices, take_sorted
+from pipeline.arrow_sort import count_distinct, sort_indices, take_sorted
 
 
 def _ids(kind: str, n: int, seed: int) -> list[str]:
@@ -43,6 +43,23 @@ def test_sort_indices_property(values):
     np.testing.assert_array_equal(sort_indices(ids), pc.sort_indices(ids).to_numpy())
 
 
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.one_of(st.text(max_size=12), st.sampled_from(["a", "a\x00", "ab", "x" * 20, "x" * 21])),
+                max_size=40))
+def test_count_distinct_property(values):
+    ids = pa.array(values, pa.string())
+    assert count_distinct(ids) == pc.count_distinct(ids).as_py()
+
+
+@pytest.mark.parametrize("kind", ["sha1", "numbers", "long_common", "few_ties", "unicode"])
+def test_count_distinct_equals_arrow(kind):
+    values = _ids(kind, 3000, 7)
+    values += values[::3]  # repeats, as image ids repeat over rows
+    ids = pa.array(values, pa.string())
+    assert count_distinct(ids) == pc.count_distinct(ids).as_py() == len(set(values))
+    assert count_distinct(ids.slice(10, 2000)) == len(set(values[10:2010]))
+
+
 def test_take_sorted_sorts_every_column_and_skips_sorted_input():
     ids = _ids("sha1", 2000, 1)
     table = pa.table({"example_id": ids, "n": list(range(2000)), "s": [i[::-1] for i in ids]})
@@ -53,3 +70,10 @@ def test_take_sorted_sorts_every_column_and_skips_sorted_input():
         assert out.column("s").to_pylist() == [i[::-1] for i in sorted(ids)]
     already = take_sorted(table, "example_id")
     assert take_sorted(already, "example_id") is already
+    dropped = set(ids[::3])
+    kept = sorted(i for i in ids if i not in dropped)
+    for source in (table, already):  # unsorted and sorted inputs, with a selection
+        keep = pa.array([i not in dropped for i in source.column("example_id").to_pylist()])
+        out = take_sorted(source, "example_id", keep=keep, workers=2)
+        assert out.column("example_id").to_pylist() == kept
+        assert out.column("s").to_pylist() == [i[::-1] for i in kept]

@@ -69,7 +69,7 @@ def test_html_shows_chart_and_thumbnails_beside_the_matched_eval_image(tmp_path)
     page = reports.render_html(rep, samples, chart_file="cc.reasons.svg", eval_paths=eval_paths,
                                ref_images=ref_images)
     assert '<img src="cc.reasons.svg"' in page
-    uris = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    uris = re.findall(r'src="data:image/jpeg;base64,([^"]+)"', page)
     assert len(uris) == 3  # removed a1 + its eval match, and c3's first eval match
     thumb = Image.open(io.BytesIO(base64.b64decode(uris[0])))
     assert max(thumb.size) <= reports.THUMB_PX and thumb.size == (60, 40)  # small images are not enlarged
