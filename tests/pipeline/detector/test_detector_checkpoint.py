@@ -39,6 +39,7 @@ def test_r101_detected_mode_outputs(r101):
     np.testing.assert_allclose(r.attributes.sum(1), 1.0, atol=1e-4)
 
 
+@pytest.mark.slow  # a 260 MB pickle written and read back, a second R101 built
 def test_caffe_layout_round_trip_gives_identical_outputs(r101, tmp_path):
     path = tmp_path / "faster_rcnn_from_caffe_attr.pkl"
     save_caffe_layout(r101.model, path, author="test")
