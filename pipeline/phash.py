@@ -13,7 +13,6 @@ is then checked with a popcount.
 
 from __future__ import annotations
 
-import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -27,8 +26,6 @@ from tqdm import tqdm
 
 from pipeline.image_io import ImageRejected, decode_image
 from pipeline.runinfo import atomic_write_bytes
-
-log = logging.getLogger(__name__)
 
 HASH_BITS = 64
 _CACHE_SCHEMA = pa.schema(

@@ -134,8 +134,10 @@ def flickr_photo_ids_from_canonical(canon: pa.Array | pa.ChunkedArray) -> pa.Arr
     parts = []
     static = _mask(candidates, _FLICKR_STATIC_NOCAP)
     if pc.any(static).as_py():
-        url = candidates.filter(static)
-        path = pc.list_element(pc.split_pattern(url, "?", max_splits=1), 0)
+        path = candidates.filter(static)
+        if pc.any(pc.match_substring(path, "?")).as_py():  # drop queries (rare) before the last '/'
+            path = pc.list_element(pc.split_pattern(path, "?", max_splits=1), 0)
+        # the last segment is 0*<id>(_secret)(_size).ext: cut at the last '/', then at '_' and '.'
         name = pc.list_element(pc.split_pattern(path, "/", max_splits=1, reverse=True), 1)
         digits = pc.list_element(pc.split_pattern(name, "_", max_splits=1), 0)
         digits = pc.list_element(pc.split_pattern(digits, ".", max_splits=1), 0)
