@@ -17,6 +17,7 @@ Writes, per task:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -135,6 +136,9 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
     record = metrics_record(task, outcomes, task.chance())
     write_outputs(params, task, config, img_dim, meta, init_dir, outcomes, record, work_root, started)
     shutil.rmtree(work_root, ignore_errors=True)
+    for parent in (work_root.parent, work_root.parent.parent):  # checkpoints/finetune, checkpoints: if empty
+        with contextlib.suppress(OSError):  # not empty (another stage's run), or already gone
+            parent.rmdir()
     return record
 
 

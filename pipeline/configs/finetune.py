@@ -23,6 +23,7 @@ class FinetuneConfig:
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
     retrieval_hard_negatives: int = 8  # negatives per query trained on: the hardest of the pool
     retrieval_neg_pool: int = 32  # random negatives per query scored without gradients
+    retrieval_eval_captions: int = 0  # captions per image ranked in evaluation; 0: all (Flickr30k: 5)
     compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
     scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
     eval_batch_tokens: int = 16384  # evaluation batches (no gradients, so larger)
@@ -36,4 +37,4 @@ class FinetuneConfig:
     grad_clip: float = 2.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    zero_stage: int = 2
+    zero_stage: int = 0  # fine-tuning runs on one rank, where ZeRO partitions nothing

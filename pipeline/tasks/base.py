@@ -21,7 +21,7 @@ from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
 from pipeline.configs.finetune import FinetuneConfig, TaskConfig
 from pipeline.stores import ImageDbGroup, TextDb
-from pipeline.tasks.data import Regions, TaskDataset, collate_rows
+from pipeline.tasks.data import Regions, TaskDataset, collate_rows, eval_batches
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class FinetuneTask:
         self.ctx = ctx
         self._txt: dict[str, TextDb] = {}
         self._img: ImageDbGroup | None = None
+        self._labelled: dict[tuple[str, ...], list[str]] = {}
 
     # -- stores --------------------------------------------------------------------------------
 
@@ -91,6 +92,14 @@ class FinetuneTask:
     def text_dbs(self) -> list[str]:
         """Every text DB the task reads (opened up front so a missing one fails early)."""
         raise NotImplementedError
+
+    def labelled(self, name: str, *keys: str) -> list[str]:
+        """Ids of DB ``name``'s examples whose ``keys`` (default ``label``) are all >= 0 (read once)."""
+        keys = keys or ("label",)
+        if (name, *keys) not in self._labelled:
+            db = self.db(name)
+            self._labelled[(name, *keys)] = [e for e in db.ids if all(int(db[e].get(k, -1)) >= 0 for k in keys)]
+        return self._labelled[(name, *keys)]
 
     def open(self) -> None:
         dbs = [self.db(n) for n in self.text_dbs()]
@@ -148,8 +157,18 @@ class FinetuneTask:
     def train_forward(self, model: nn.Module, batch: dict[str, Any], stream: str) -> TaskOutput:
         return model(batch)
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
+        """Every metric of ``model`` (in eval mode); ``artifacts=False`` skips work done only for the
+        files written beside the model (VQA: test-set predictions)."""
         raise NotImplementedError
+
+    def correct(self, model: nn.Module, dataset: TaskDataset, device: torch.device) -> int:
+        """Items whose argmax class equals their target (single-label classification)."""
+        hits = 0
+        batches = eval_batches(dataset, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens)
+        for batch, out in predict(model, batches, device):
+            hits += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
+        return hits
 
     def chance(self) -> dict[str, float]:
         """Chance level of each ``summary`` metric ({"split/metric": percent})."""

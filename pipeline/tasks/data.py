@@ -135,7 +135,3 @@ def fixed_batches(dataset: TaskDataset, collate: Callable[[list[dict]], dict[str
     sampler = TokenBucketSampler(dataset.txt_lens, dataset.img_lens, batch_tokens=batch_tokens, seed=seed)
     return [collate([dataset[i] for i in b]) for b in sampler.global_batches(0)[:n_batches]]
 
-
-def labelled_ids(db: TextDb, key: str = "label") -> list[str]:
-    """Example ids whose ``key`` is >= 0 (unlabeled test examples carry -1)."""
-    return [e for e in db.ids if int(db[e].get(key, -1)) >= 0]

@@ -20,8 +20,8 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import UniterForNlvr2
 from model.tasks.nlvr2 import RIGHT_IMAGE_TYPE
-from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
-from pipeline.tasks.data import TaskDataset, eval_batches, labelled_ids, row, text_row
+from pipeline.tasks.base import EvalResult, FinetuneTask, percent
+from pipeline.tasks.data import TaskDataset, row, text_row
 
 EVAL_SPLITS = ("dev", "test")
 LEFT_IMAGE_TYPE = 1
@@ -63,7 +63,7 @@ class Nlvr2Task(FinetuneTask):
                 return db.id2len[eid] + 2, left + right, 1
             return db.id2len[eid] + 2, max(left, right), 2
 
-        return TaskDataset(db, labelled_ids(db), build=build, row_len=row_len)
+        return TaskDataset(db, self.labelled(f"nlvr2_{split}"), build=build, row_len=row_len)
 
     def train_dataset(self, stream: str) -> TaskDataset:
         return self.dataset("train")
@@ -74,24 +74,20 @@ class Nlvr2Task(FinetuneTask):
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant)  # type: ignore[arg-type]
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         metrics = {}
         for split in EVAL_SPLITS:
             ds = self.dataset(split)
-            correct = 0
-            for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
-                                      device):
-                correct += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
-            metrics[split] = {"accuracy": percent(correct, len(ds)), "examples": len(ds)}
+            metrics[split] = {"accuracy": percent(self.correct(model, ds, device), len(ds)), "examples": len(ds)}
         return EvalResult(metrics=metrics, artifacts={})
 
     def chance(self) -> dict[str, float]:
         train = self.db("nlvr2_train")
-        majority = Counter(int(train[e]["label"]) for e in labelled_ids(train)).most_common(1)[0][0]
+        majority = Counter(int(train[e]["label"]) for e in self.labelled("nlvr2_train")).most_common(1)[0][0]
         out = {}
         for split in EVAL_SPLITS:
             db = self.db(f"nlvr2_{split}")
-            ids = labelled_ids(db)
+            ids = self.labelled(f"nlvr2_{split}")
             out[f"{split}/accuracy"] = percent(sum(int(db[e]["label"]) == majority for e in ids), len(ids))
         return out
 

@@ -106,7 +106,7 @@ class RefcocoPlusTask(FinetuneTask):
                 hits += int(box_iou(boxes[pick], target)[0, 0] >= IOU_THRESHOLD)
         return percent(hits, len(ds)), len(ds)
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         metrics: dict[str, dict[str, Any]] = {}
         for split in EVAL_SPLITS:
             for mode in MODES:

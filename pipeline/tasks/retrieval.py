@@ -28,6 +28,7 @@ from pipeline.tasks.retrieval_eval import RECALL_KS, chance_recall, recall_at_k,
 from pipeline.training.engine import cast_batch
 
 EVAL_SPLIT = "test"
+HELD_OUT_SPLIT = "val"  # the training-format held-out batches of the dvclive curves
 ROW_KEYS = ("input_ids", "txt_mask", "img_feat", "img_pos", "img_mask")
 
 
@@ -39,7 +40,7 @@ class RetrievalTask(FinetuneTask):
     db_prefix = "retrieval_flickr"
 
     def text_dbs(self) -> list[str]:
-        return [f"{self.db_prefix}_train", f"{self.db_prefix}_{EVAL_SPLIT}"]
+        return [f"{self.db_prefix}_train", f"{self.db_prefix}_{HELD_OUT_SPLIT}", f"{self.db_prefix}_{EVAL_SPLIT}"]
 
     def images_of(self, split: str) -> tuple[list[str], list[int]]:
         """(sorted image ids, image index of every caption in ``db.ids`` order)."""
@@ -52,7 +53,7 @@ class RetrievalTask(FinetuneTask):
         return self.pool_dataset("train", stream)
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.pool_dataset(EVAL_SPLIT, stream)
+        return self.pool_dataset(HELD_OUT_SPLIT, stream)
 
     def pool_dataset(self, split: str, stream: str) -> TaskDataset:
         """Items = captions; rows = the positive pair then the pool of random negatives."""
@@ -123,10 +124,23 @@ class RetrievalTask(FinetuneTask):
 
     # -- evaluation ------------------------------------------------------------------------------
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def eval_texts(self) -> tuple[list[str], list[str], list[int]]:
+        """(caption ids, image ids, image index of each caption) ranked in evaluation: every image of the
+        split, with its first ``retrieval_eval_captions`` captions (all when 0)."""
         db = self.db(f"{self.db_prefix}_{EVAL_SPLIT}")
         images, image_of = self.images_of(EVAL_SPLIT)
-        texts = _pad([text_row(self.special, db[e]["input_ids"]) for e in db.ids])
+        limit = self.ctx.cfg.retrieval_eval_captions
+        kept, seen = [], [0] * len(images)
+        for eid, i in zip(db.ids, image_of):
+            if limit <= 0 or seen[i] < limit:
+                kept.append((eid, i))
+                seen[i] += 1
+        return [e for e, _ in kept], images, [i for _, i in kept]
+
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
+        db = self.db(f"{self.db_prefix}_{EVAL_SPLIT}")
+        captions, images, image_of = self.eval_texts()
+        texts = _pad([text_row(self.special, db[e]["input_ids"]) for e in captions])
         feats = [self.regions.get([q]) for q in images]
         img = _pad_regions(feats)
         rows_per_call = max(1, self.ctx.cfg.eval_batch_tokens // (texts["input_ids"].shape[1] + img["img_feat"].shape[1]))
@@ -146,7 +160,7 @@ class RetrievalTask(FinetuneTask):
             return model(cast_batch(batch, device, "fp32")).logits.view(n_t, n_i)
 
         try:
-            t_top, i_top, _ = streaming_topk(score_block, len(db.ids), len(images), text_block=text_block,
+            t_top, i_top, _ = streaming_topk(score_block, len(captions), len(images), text_block=text_block,
                                              image_block=image_block)
         finally:
             model.train(was_training)
@@ -157,11 +171,11 @@ class RetrievalTask(FinetuneTask):
         tr = recall_at_k(i_top, captions_of)
         metrics = {**{f"ir_{k}": v for k, v in ir.items()}, **{f"tr_{k}": v for k, v in tr.items()}}
         metrics["r_mean"] = round(sum(metrics.values()) / len(metrics), 4)
-        metrics.update(texts=len(db.ids), images=len(images))
+        metrics.update(texts=len(captions), images=len(images))
         return EvalResult(metrics={EVAL_SPLIT: metrics}, artifacts={})
 
     def chance(self) -> dict[str, float]:
-        images, image_of = self.images_of(EVAL_SPLIT)
+        _, images, image_of = self.eval_texts()
         counts = np.bincount(np.asarray(image_of), minlength=len(images)).tolist()
         ir = chance_recall(len(images), [1] * len(image_of))
         tr = chance_recall(len(image_of), counts)

@@ -132,7 +132,7 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     from pipeline.training.metrics import MetricsLogger
     from pipeline.training.task_mix import TaskSchedule
 
-    ctx, cfg, tcfg = task.ctx, task.ctx.cfg, task.ctx.task_cfg
+    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
     ckpt = Checkpointer(plan.work_dir, fingerprint=plan.fingerprint, keep=cfg.keep_checkpoints, dist=dist)
     resume = ckpt.prepare()
     if (plan.work_dir / RESULT_DIR / RESULT_FILE).exists():
@@ -178,7 +178,8 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     eval_start = time.perf_counter()
     evaluated = task.build_model(plan.config, img_dim=plan.img_dim)
     evaluated.load_state_dict(state, strict=True)
-    outcome = task.evaluate(evaluated.to(device), device)
+    # only the pretrained start's model is kept, so only it gets the task's files (e.g. VQA test predictions)
+    outcome = task.evaluate(evaluated.to(device), device, artifacts=plan.init == "pretrained")
     timings["eval"] = round(time.perf_counter() - eval_start, 3)
     timings["total"] = round(time.perf_counter() - started, 3)
     record = {"metrics": outcome.metrics, "zero_shot": zero_shot, "artifacts": outcome.artifacts,
@@ -199,7 +200,7 @@ def _zero_shot(task: FinetuneTask, model: torch.nn.Module, work_dir: Path, devic
     path = work_dir / ZERO_SHOT_FILE
     if path.exists():
         return json.loads(path.read_text())
-    metrics = task.evaluate(model.to(device), device).metrics
+    metrics = task.evaluate(model.to(device), device, artifacts=False).metrics
     atomic_write_json(path, metrics)
     return metrics
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import SNLI_VE_LABELS, UniterForSnliVe
-from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
-from pipeline.tasks.data import TaskDataset, eval_batches, labelled_ids, row, text_row
+from pipeline.tasks.base import EvalResult, FinetuneTask, percent
+from pipeline.tasks.data import TaskDataset, row, text_row
 
 EVAL_SPLITS = ("dev", "test")
 
@@ -40,7 +40,7 @@ class SnliVeTask(FinetuneTask):
         def row_len(eid: str) -> tuple[int, int, int]:
             return db.id2len[eid] + 2, regions.count(db.txt2img[eid]), 1
 
-        return TaskDataset(db, labelled_ids(db), build=build, row_len=row_len)
+        return TaskDataset(db, self.labelled(f"snli_ve_{split}"), build=build, row_len=row_len)
 
     def train_dataset(self, stream: str) -> TaskDataset:
         return self.dataset("train")
@@ -51,25 +51,21 @@ class SnliVeTask(FinetuneTask):
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForSnliVe(config, img_dim=img_dim)
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         metrics = {}
         for split in EVAL_SPLITS:
             ds = self.dataset(split)
-            correct = 0
-            for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
-                                      device):
-                correct += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
-            metrics[split] = {"accuracy": percent(correct, len(ds)), "examples": len(ds)}
+            metrics[split] = {"accuracy": percent(self.correct(model, ds, device), len(ds)), "examples": len(ds)}
         return EvalResult(metrics=metrics, artifacts={})
 
     def chance(self) -> dict[str, float]:
         """Always answering the most frequent training label."""
         train = self.db("snli_ve_train")
-        majority = Counter(int(train[e]["label"]) for e in labelled_ids(train)).most_common(1)[0][0]
+        majority = Counter(int(train[e]["label"]) for e in self.labelled("snli_ve_train")).most_common(1)[0][0]
         out = {}
         for split in EVAL_SPLITS:
             db = self.db(f"snli_ve_{split}")
-            ids = labelled_ids(db)
+            ids = self.labelled(f"snli_ve_{split}")
             out[f"{split}/accuracy"] = percent(sum(int(db[e]["label"]) == majority for e in ids), len(ids))
         return out
 

@@ -18,11 +18,20 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import UniterForVcr
 from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
-from pipeline.tasks.data import TaskDataset, eval_batches, labelled_ids, row, text_row
+from pipeline.tasks.data import TaskDataset, eval_batches, row, text_row
 
 NUM_CHOICES = 4
 EVAL_SPLIT = "val"
 VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}
+
+
+def vcr_accuracies(qa_right: set[str], qar_right: set[str], qa_ids: list[str], qar_ids: list[str]) -> dict[str, float]:
+    """Q→A over the questions scored for answers, QA→R over those scored for rationales, Q→AR over
+    the questions scored for both: right only when the answer and the rationale are both right."""
+    both = set(qa_ids) & set(qar_ids)
+    return {"q2a": percent(len(qa_right & set(qa_ids)), len(qa_ids)),
+            "qa2r": percent(len(qar_right & set(qar_ids)), len(qar_ids)),
+            "q2ar": percent(len(qa_right & qar_right & both), len(both)), "questions": len(both)}
 
 
 class VcrTask(FinetuneTask):
@@ -55,10 +64,8 @@ class VcrTask(FinetuneTask):
         def row_len(eid: str) -> tuple[int, int, int]:
             return db.id2len[eid] + specials, regions.count(db.txt2img[eid]), NUM_CHOICES
 
-        ids = labelled_ids(db)
-        if view == "qar":  # QA→R needs the gold answer as well
-            ids = [e for e in ids if int(db[e].get("answer_label", -1)) >= 0]
-        return TaskDataset(db, ids, build=build, row_len=row_len)
+        keys = ("label", "answer_label") if view == "qar" else ("label",)  # QA→R needs the gold answer too
+        return TaskDataset(db, self.labelled(db.name, *keys), build=build, row_len=row_len)
 
     def train_dataset(self, stream: str) -> TaskDataset:
         return self.dataset(stream, "train")
@@ -79,14 +86,12 @@ class VcrTask(FinetuneTask):
             right.update(e for e, ok in zip(batch["ids"], (picks == batch["targets"]).tolist()) if ok)
         return right, len(ds)
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
-        qa_right, n_qa = self.correct_ids(model, "qa", device)
-        qar_right, n_qar = self.correct_ids(model, "qar", device)
-        both = set(self.dataset("qa", EVAL_SPLIT).ids) & set(self.dataset("qar", EVAL_SPLIT).ids)
-        metrics = {EVAL_SPLIT: {"q2a": percent(len(qa_right), n_qa), "qa2r": percent(len(qar_right), n_qar),
-                                "q2ar": percent(len(qa_right & qar_right & both), len(both)),
-                                "questions": len(both)}}
-        return EvalResult(metrics=metrics, artifacts={})
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
+        qa_right, _ = self.correct_ids(model, "qa", device)
+        qar_right, _ = self.correct_ids(model, "qar", device)
+        metrics = vcr_accuracies(qa_right, qar_right, self.dataset("qa", EVAL_SPLIT).ids,
+                                 self.dataset("qar", EVAL_SPLIT).ids)
+        return EvalResult(metrics={EVAL_SPLIT: metrics}, artifacts={})
 
     def chance(self) -> dict[str, float]:
         p = 100.0 / NUM_CHOICES

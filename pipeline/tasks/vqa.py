@@ -113,14 +113,16 @@ class VqaTask(FinetuneTask):
         return [{"question_id": str(r.question_id), "answers": list(r.answers), "answer_type": r.answer_type}
                 for r in frame.sort_values("example_id").itertuples(index=False)]
 
-    def evaluate(self, model: nn.Module, device: torch.device) -> EvalResult:
+    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         scored = self.predictions(model, SCORED_SPLIT, device)
         acc = evaluate_predictions(scored, self.human_answers())
         metrics = {SCORED_SPLIT: {"accuracy": acc.overall, "questions": acc.questions,
                                   **{f"accuracy_{t.replace('/', '_')}": v for t, v in acc.per_answer_type.items()}}}
-        artifacts = {f"vqa_predictions_{SCORED_SPLIT}.json": submission(scored),
+        files = {}
+        if artifacts:
+            files = {f"vqa_predictions_{SCORED_SPLIT}.json": submission(scored),
                      f"vqa_predictions_{PREDICT_ONLY}.json": submission(self.predictions(model, PREDICT_ONLY, device))}
-        return EvalResult(metrics=metrics, artifacts=artifacts)
+        return EvalResult(metrics=metrics, artifacts=files)
 
     def chance(self) -> dict[str, float]:
         train = self.db("vqa_train")

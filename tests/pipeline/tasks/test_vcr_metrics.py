@@ -1,0 +1,12 @@
+"""VCR's three accuracies by hand."""
+
+from __future__ import annotations
+
+from pipeline.tasks.vcr import vcr_accuracies
+
+
+def test_q2ar_needs_both_right_on_the_questions_scored_for_both():
+    qa_ids, qar_ids = ["a", "b", "c", "d"], ["a", "b", "c"]  # d has no gold answer for QA→R
+    out = vcr_accuracies(qa_right={"a", "b", "d"}, qar_right={"a", "c"}, qa_ids=qa_ids, qar_ids=qar_ids)
+    assert out == {"q2a": 75.0, "qa2r": round(200 / 3, 4), "q2ar": round(100 / 3, 4), "questions": 3}
+    assert vcr_accuracies(set(), set(), [], []) == {"q2a": 0.0, "qa2r": 0.0, "q2ar": 0.0, "questions": 0}
