@@ -108,6 +108,15 @@ def url_variant(rng: random.Random, url: str) -> str:
     return f"{scheme.upper()}://{host.upper()}{port}/./{path}{query}#frag"
 
 
+WORDS = ("a", "the", "man", "woman", "dog", "red", "blue", "car", "street", "on", "with", "in", "of", "old",
+         "house", "tree", "sitting", "standing", "next", "to", "large", "small", "beach", "city", "photo")
+
+
+def captions(rng: random.Random, n: int) -> list[str]:
+    """CC-like captions (~8-14 words, ~60 characters)."""
+    return [" ".join(rng.choices(WORDS, k=rng.randrange(8, 15))) for _ in range(n)]
+
+
 def pretrain_rows(n: int, keys: dict, seed: int) -> tuple[pa.Table, int]:
     """n CC/SBU-style rows; ~0.3% point at eval images under another URL form."""
     rng = random.Random(seed)
@@ -134,7 +143,7 @@ def pretrain_rows(n: int, keys: dict, seed: int) -> tuple[pa.Table, int]:
         "example_id": pa.array([f"cc:{i}" for i in ids], pa.string()), "dataset": pa.array(["cc"] * n, pa.string()),
         "split": pa.array(["train"] * n, pa.string()), "image_source": pa.array(["cc"] * n, pa.string()),
         "image_id": pa.array(ids, pa.string()), "image_path": pa.array([f"cc/images/{i}.jpg" for i in ids]),
-        "url": pa.array(urls, pa.string()), "text": pa.array(["a caption"] * n, pa.string()),
+        "url": pa.array(urls, pa.string()), "text": pa.array(captions(rng, n), pa.string()),
     })
     return table, planted
 

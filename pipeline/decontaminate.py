@@ -209,11 +209,15 @@ def decontaminate_dataset(
     """
     rows = string_columns(manifest, IMAGE_COLUMNS)
     row_keys, prefix = row_image_keys(rows)
+    # pHash first: its worker processes are forked while this process runs no other thread
+    near = finder.find(*image_paths(rows), desc=f"phash {dataset}") if finder is not None else {}
     with ThreadPoolExecutor(1) as pool:
         input_images_job = pool.submit(count_distinct, row_keys)
         matches = find_key_matches(rows, index, workers=workers, row_keys=(row_keys, prefix))
-        if finder is not None:
-            add_near_duplicates(matches, rows, finder, desc=f"phash {dataset}")
+        for key, refs in near.items():
+            match = matches.setdefault(key, ImageMatch())
+            match.reasons.add("near_duplicate")
+            match.refs.update(refs)
         removed_keys = pa.array(sorted(k[len(prefix):] for k in matches), row_keys.type)
         removed_mask = pc.is_in(row_keys, value_set=removed_keys)
         clean = _clean_rows(dataset, manifest, pc.invert(removed_mask), val_coco_ids, workers)
@@ -238,16 +242,6 @@ def decontaminate_dataset(
     }
     check_invariant(report)
     return DatasetResult(clean=clean, report=report, samples=removed)
-
-
-def add_near_duplicates(matches: dict[str, ImageMatch], rows: pa.Table, finder: NearDuplicateFinder, *,
-                        desc: str) -> None:
-    """Add the pHash near-duplicate matches of the images of ``rows`` to ``matches`` (in place)."""
-    keys, paths = image_paths(rows)
-    for key, refs in finder.find(keys, paths, desc=desc).items():
-        match = matches.setdefault(key, ImageMatch())
-        match.reasons.add("near_duplicate")
-        match.refs.update(refs)
 
 
 def _clean_rows(dataset: str, manifest: pa.Table, keep: pa.Array, val_coco_ids: set[str] | None,
