@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from scene_kit import CLASS_NAMES, render_scene
-
-
-def scene_images(n: int, size: int = 64, seed: int = 0) -> tuple[list[np.ndarray], list[list[dict]]]:
-    """``n`` rendered scenes as uint8 RGB arrays, with their objects."""
-    rng = np.random.default_rng(seed)
-    images, objects = [], []
-    for _ in range(n):
-        img, objs = render_scene(rng, size, n_objects=2)
-        images.append(np.asarray(img))
-        objects.append(objs)
-    return images, objects
+from scene_kit import CLASS_NAMES, scene_images
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,17 @@ def render_scene(rng: np.random.Generator, size: int, n_objects: int) -> tuple[I
     return img, objects
 
 
+def scene_images(n: int, size: int = 64, seed: int = 0) -> tuple[list[np.ndarray], list[list[dict]]]:
+    """``n`` rendered scenes as uint8 RGB arrays, with their objects."""
+    rng = np.random.default_rng(seed)
+    images, objects = [], []
+    for _ in range(n):
+        img, objs = render_scene(rng, size, n_objects=2)
+        images.append(np.asarray(img))
+        objects.append(objs)
+    return images, objects
+
+
 def write_coco_world(root: Path, *, n_images: int, size: int = 64, seed: int = 0) -> dict:
     """Write COCO train2014-style images + ``scenes.json`` (docs/contracts.md §1) below ``root``."""
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import scene_images
+from scene_kit import scene_images
 from pipeline.detector.build import Detector, build_model, calibrate_norms, load_detector
 from pipeline.detector.checkpoint import CheckpointError, load_weights, read_state, save_caffe_layout
 from pipeline.detector.extractor import RegionExtractor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import scene_images
+from scene_kit import scene_images
 from pipeline.detector.extractor import RegionExtractor, normalized_boxes
 
 
