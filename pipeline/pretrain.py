@@ -282,6 +282,18 @@ def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], i
     return model, spec
 
 
+def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """This rank's held-out batches, examples and (ITM) matched pairs per task: the majority-class
+    rate ``max(p, 1 - p)`` of ITM is the accuracy a model gets without looking at the pairs."""
+    out = {}
+    for task, batches in val.items():
+        counts = {"batches": len(batches), "examples": sum(int(b["input_ids"].shape[0]) for b in batches)}
+        if task == "itm":
+            counts["matched"] = sum(int(b["itm_targets"].sum()) for b in batches)
+        out[task] = counts
+    return out
+
+
 def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
             started) -> None:
     """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
@@ -293,15 +305,16 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
     cfg = params.pretrain
     digests: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(digests, result.task_digest)  # every rank must have run the same tasks
+    shares: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(shares, _held_out_counts(val))
     if dist.is_main:
         state = consolidated_state_dict(engine, plan.ckpt_dir, plan.steps, cfg.zero_stage)
-        held_out = {t: {"batches": len(b), "examples": sum(int(x["input_ids"].shape[0]) for x in b)}
-                    for t, b in val.items()}  # rank 0's share; all ranks together: val_batches per task
+        held_out = {t: {k: sum(share[t][k] for share in shares) for k in shares[0][t]} for t in shares[0]}
         report = {
             "stage": plan.stage, "steps": plan.steps, "masking": cfg.masking, "wra": cfg.wra,
             "datasets": cfg.datasets if plan.stage == "pretrain" else list(cfg.vcr.views),
             "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
-            "held_out_batches_per_task": cfg.val_batches, "held_out_rank0": held_out,
+            "held_out": held_out,
             "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(result.last_val, "val"),
             "pretrained_text_only": _by_task(text_only, "val_text_only"),
         }

@@ -70,6 +70,8 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     report = json.loads((first_stage / "eval.json").read_text())
     assert set(report["pretrained"]) == {"itm", "mlm", "mrc_kl", "mrfr"}
     assert report["pretrained"]["mlm"]["loss"] < report["no_pretraining"]["mlm"]["loss"] - 0.2
+    itm = report["held_out"]["itm"]
+    assert itm["batches"] <= 2 and 0 < itm["matched"] < itm["examples"]
     run = json.loads((first_stage / "_run.json").read_text())
     assert run["counts"]["task_steps"] == TaskSchedule(params.pretrain.mix_ratio, seed=params.seed).counts(16)
 
