@@ -43,7 +43,7 @@ def dvc_stages() -> dict[str, dict]:
                     params += list(dep.params)
                 else:
                     deps.append(dep.def_path)
-            out[stage.addressing] = {"cmd": stage.cmd, "deps": deps, "params": params,
+            out[stage.name] = {"cmd": stage.cmd, "deps": deps, "params": params,
                                      "outs": [o.def_path for o in stage.outs]}
     return out
 

@@ -104,7 +104,7 @@ def stage_outputs(repo: Path) -> dict[str, list[str]]:
     from dvc.repo import Repo
 
     with Repo(str(repo)) as r:
-        return {s.addressing: [o.def_path for o in s.outs] for s in r.index.stages}
+        return {s.name: [o.def_path for o in s.outs] for s in r.index.stages}
 
 
 # Measured, not computed: pretraining's throughput series (dvclive `tokens_per_s`, also in its
@@ -151,10 +151,10 @@ def downstream_of(param: str, repo: Path) -> set[str]:
 
     with Repo(str(repo)) as r:
         stages = r.index.stages
-        deps = {s.addressing: [d.def_path for d in s.deps if not hasattr(d, "params") or d.params is None]
+        deps = {s.name: [d.def_path for d in s.deps if not hasattr(d, "params") or d.params is None]
                 for s in stages}
-        params = {s.addressing: [p for d in s.deps if getattr(d, "params", None) for p in d.params] for s in stages}
-        outs = {s.addressing: [o.def_path for o in s.outs] for s in stages}
+        params = {s.name: [p for d in s.deps if getattr(d, "params", None) for p in d.params] for s in stages}
+        outs = {s.name: [o.def_path for o in s.outs] for s in stages}
 
     def overlaps(a: str, b: str) -> bool:
         return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
