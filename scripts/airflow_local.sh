@@ -104,9 +104,11 @@ cmd_trigger() {
 }
 
 run_state() {
+  # the CLI logs warnings to stdout too: the JSON is the line that starts with '['
   airflow dags list-runs "$DAG_ID" -o json 2>/dev/null | python -c "
 import json, sys
-runs = json.load(sys.stdin)
+lines = [l for l in sys.stdin.read().splitlines() if l.startswith('[')]
+runs = json.loads(lines[-1]) if lines else []
 print(next((r['state'] for r in runs if r['run_id'] == sys.argv[1]), 'unknown'))" "$1"
 }
 
