@@ -86,13 +86,11 @@ def _rebase(path: str, old_root: str, new_root: str) -> str | None:
 
 
 def relocate(raw: dict[str, Any], run_data: str) -> dict[str, Any]:
-    """Point every artifact path of ``raw`` inside ``run_data``: ``paths.data`` and, in the mini
-    world (which the run generates itself), ``mini_world.out_dir`` and each ``sources`` path below
+    """Point every artifact path of ``raw`` inside ``run_data``: ``paths.data``,
+    ``mini_world.out_dir`` (the run generates its own mini world) and each ``sources`` path below
     it. Real-world sources stay where they are. Returns ``raw`` (changed in place)."""
     old_data = str(raw["paths"]["data"])
     raw["paths"]["data"] = run_data
-    if raw.get("world") != "mini":
-        return raw
     old_mini = str(raw["mini_world"]["out_dir"])
     new_mini = _rebase(old_mini, old_data, run_data) or str(PurePosixPath(run_data) / "raw" / "mini")
     raw["mini_world"]["out_dir"] = new_mini
@@ -114,7 +112,7 @@ def run_name_for(conf: Mapping[str, Any], run_id: str) -> str:
 def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROOT) -> dict[str, Any]:
     """Create (or, on a retry, re-check) the run directory and its params file.
 
-    Returns ``{run_name, run_dir, params, data, datasets, image_sources, tasks, world}`` with paths
+    Returns ``{run_name, run_dir, params, data, world, detector, datasets, image_sources, tasks}`` with paths
     relative to ``repo_root`` (stages run there). Raises ``pipeline.config.ParamsError`` for a conf
     the strict params schema refuses, and :class:`RunConflict` when ``run_name`` already ran with
     other params.
@@ -141,6 +139,7 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
         "params": str(run_dir / PARAMS_FILE),
         "data": str(params.paths.data),
         "world": params.world,
+        "detector": params.extract.detector,
         "datasets": list(params.ingest.datasets),
         "image_sources": list(params.extract.sources),
         "tasks": list(params.finetune.tasks),

@@ -104,10 +104,11 @@ def uniter_pretraining():
 
     @task
     def mini_world(run: dict) -> None:
-        if run["world"] == "mini":
+        """The mini world: the run's raw data (world: mini), or what the mini detector trains on."""
+        if run["world"] == "mini" or run["detector"] == "mini":
             _run_stage(run, "mini_world")
         else:
-            log.info("world is %r: raw data comes from params `sources`, nothing to generate", run["world"])
+            log.info("world: real with detector %s: nothing to generate", run["detector"])
 
     @task(map_index_template="{{ dataset }}")
     def ingest(run: dict, dataset: str) -> None:
@@ -120,7 +121,10 @@ def uniter_pretraining():
 
     @task(pool=GPU_POOL)
     def train_detector(run: dict) -> None:
-        _run_stage(run, "train_detector")
+        if run["detector"] == "mini":
+            _run_stage(run, "train_detector")
+        else:
+            log.info("detector %s uses the weights in extract.weights: nothing to train", run["detector"])
 
     @task(pool=GPU_POOL, map_index_template="{{ image_source }}")
     def extract(run: dict, image_source: str) -> None:

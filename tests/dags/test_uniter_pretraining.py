@@ -137,7 +137,7 @@ def test_conf_becomes_the_run_params_with_every_artifact_inside_the_run(tmp_path
             "finetune_tasks": ["vqa", "vcr"], "finetune_steps": 4, "overrides": {"pretrain.steps": 3}}
     run = runs.prepare_run(conf, "manual__x", repo_root=root)
     assert run["run_dir"] == "runs/r1" and run["params"] == "runs/r1/params.yaml"
-    assert run["tasks"] == ["vqa", "vcr"] and run["world"] == "mini"
+    assert run["tasks"] == ["vqa", "vcr"] and run["world"] == "mini" and run["detector"] == "mini"
     params = load_params(root / run["params"], check_paths=False)
     assert params.pretrain.masking == "joint" and params.seed == 9 and params.model.preset == "tiny"
     assert dict(params.pretrain.mix_ratio) == {"mlm": 1.0} and params.pretrain.steps == 3
@@ -159,10 +159,13 @@ def test_real_world_sources_stay_where_they_are():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["world"] = "real"
     raw["sources"]["cc"]["train_tsv"] = "/datasets/cc/Train_GCC-training.tsv"
+    raw["sources"]["coco"]["karpathy"] = "/datasets/karpathy/dataset_coco.json"
     runs.relocate(raw, "runs/r2/data")
     assert raw["paths"]["data"] == "runs/r2/data"
     assert raw["sources"]["cc"]["train_tsv"] == "/datasets/cc/Train_GCC-training.tsv"
-    assert raw["sources"]["coco"]["karpathy"] == "data/raw/mini/coco/karpathy/dataset_coco.json"
+    assert raw["sources"]["coco"]["karpathy"] == "/datasets/karpathy/dataset_coco.json"
+    # the mini world (what the mini detector trains on) is still generated inside the run
+    assert raw["mini_world"]["out_dir"] == "runs/r2/data/raw/mini"
 
 
 def test_run_name_defaults_to_the_airflow_run_id():
