@@ -1,8 +1,8 @@
 """What every fine-tuning task provides, and the module the DeepSpeed engine trains.
 
-A task (one subclass of :class:`FinetuneTask` per module of this package) knows its text DBs, how
-an example becomes rows (``pipeline.tasks.data``), which ``model.tasks`` head it trains, and how
-it is evaluated. The runner (``pipeline.tasks.runner``) does the rest the same way for all six.
+A task (one subclass of :class:`FinetuneTask` per module of this package; NLVR2 and SNLI-VE through
+``pipeline.tasks.classification``) knows its text DBs, how an example becomes rows
+(``pipeline.tasks.data``), which ``model.tasks`` head it trains, and how it is evaluated. The runner (``pipeline.tasks.runner``) does the rest the same way for all six.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
 from pipeline.configs.finetune import FinetuneConfig, TaskConfig
 from pipeline.stores import ImageDbGroup, TextDb
-from pipeline.tasks.data import Regions, TaskDataset, collate_rows, eval_batches
+from pipeline.tasks.data import Regions, TaskDataset, collate_rows
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +161,6 @@ class FinetuneTask:
         """Every metric of ``model`` (in eval mode); ``artifacts=False`` skips work done only for the
         files written beside the model (VQA: test-set predictions)."""
         raise NotImplementedError
-
-    def correct(self, model: nn.Module, dataset: TaskDataset, device: torch.device) -> int:
-        """Items whose argmax class equals their target (single-label classification)."""
-        hits = 0
-        batches = eval_batches(dataset, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens)
-        for batch, out in predict(model, batches, device):
-            hits += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
-        return hits
 
     def chance(self) -> dict[str, float]:
         """Chance level of each ``summary`` metric ({"split/metric": percent})."""

@@ -10,24 +10,21 @@ Text DBs ``nlvr2_{train,dev,test}`` (``image_ids`` = [left, right], ``label`` 1 
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForNlvr2
 from model.tasks.nlvr2 import RIGHT_IMAGE_TYPE
-from pipeline.tasks.base import EvalResult, FinetuneTask, percent
+from pipeline.tasks.classification import ClassificationTask
 from pipeline.tasks.data import TaskDataset, row, text_row
 
-EVAL_SPLITS = ("dev", "test")
 LEFT_IMAGE_TYPE = 1
 
 
-class Nlvr2Task(FinetuneTask):
+class Nlvr2Task(ClassificationTask):
     name = "nlvr2"
     streams = ("nlvr2",)
     summary = (("NLVR2 test acc", "test/accuracy"),)
@@ -35,9 +32,6 @@ class Nlvr2Task(FinetuneTask):
     @property
     def variant(self) -> str:
         return self.ctx.cfg.nlvr2_variant
-
-    def text_dbs(self) -> list[str]:
-        return ["nlvr2_train", *(f"nlvr2_{s}" for s in EVAL_SPLITS)]
 
     def dataset(self, split: str) -> TaskDataset:
         db = self.db(f"nlvr2_{split}")
@@ -65,31 +59,8 @@ class Nlvr2Task(FinetuneTask):
 
         return TaskDataset(db, self.labelled(f"nlvr2_{split}"), build=build, row_len=row_len)
 
-    def train_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset("train")
-
-    def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset(EVAL_SPLITS[0])
-
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant)  # type: ignore[arg-type]
-
-    def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        metrics = {}
-        for split in EVAL_SPLITS:
-            ds = self.dataset(split)
-            metrics[split] = {"accuracy": percent(self.correct(model, ds, device), len(ds)), "examples": len(ds)}
-        return EvalResult(metrics=metrics, artifacts={})
-
-    def chance(self) -> dict[str, float]:
-        train = self.db("nlvr2_train")
-        majority = Counter(int(train[e]["label"]) for e in self.labelled("nlvr2_train")).most_common(1)[0][0]
-        out = {}
-        for split in EVAL_SPLITS:
-            db = self.db(f"nlvr2_{split}")
-            ids = self.labelled(f"nlvr2_{split}")
-            out[f"{split}/accuracy"] = percent(sum(int(db[e]["label"]) == majority for e in ids), len(ids))
-        return out
 
     def model_info(self) -> dict[str, Any]:
         return {"variant": self.variant}
