@@ -17,7 +17,6 @@ through the ``deepspeed`` launcher.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ import torch
 
 from pipeline.config import Params, dump_params, to_dict
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
+from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo, in_launched_worker, launch_workers, process_group
 
 log = logging.getLogger(__name__)
@@ -147,23 +147,9 @@ def _run(params: Params, plan: StagePlan) -> None:
     params_file.unlink(missing_ok=True)
 
 
-def _db_fingerprint(path: Path) -> str:
-    """Cheap identity of a DB (no hashing of the LMDB itself): its meta, build record and size."""
-    h = hashlib.sha256()
-    for name in ("meta.json", "_run.json"):
-        f = path / name
-        if f.exists():
-            record = json.loads(f.read_text())
-            record.pop("wall_time_s", None)
-            h.update(json.dumps(record, sort_keys=True).encode())
-    mdb = path / "data.mdb"
-    h.update(str(mdb.stat().st_size if mdb.exists() else -1).encode())
-    return h.hexdigest()
-
-
 def _fingerprint(params: Params, plan: StagePlan, world_size: int, img_names: list[str]) -> dict[str, Any]:
-    inputs = {str(s.path): _db_fingerprint(s.path) for s in plan.train_sources}
-    inputs.update({n: _db_fingerprint(plan.img_root / n) for n in img_names})
+    inputs = {str(s.path): db_fingerprint(s.path) for s in plan.train_sources}
+    inputs.update({n: db_fingerprint(plan.img_root / n) for n in img_names})
     if plan.init_from is not None:
         inputs["init"] = file_digest(plan.init_from / "model.safetensors")
     return {"stage": plan.stage, "params": params.section_digest("seed", "model", "pretrain"),

@@ -11,7 +11,6 @@ directory to the params and inputs: anything else there is removed, not resumed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from model.config import UniterConfig
 from pipeline.runinfo import atomic_dir, atomic_write_json, file_digest
 from pipeline.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.tasks.data import fixed_batches, mix_seed
+from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo
 
 log = logging.getLogger(__name__)
@@ -59,20 +59,6 @@ class RunOutcome:
     resumed_from_step: int
     timings_s: dict[str, float]
     state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
-
-
-def db_fingerprint(path: Path) -> str:
-    """Cheap identity of a store directory: its meta/_run records (minus wall time) and size."""
-    h = hashlib.sha256()
-    for name in ("meta.json", "_run.json"):
-        f = path / name
-        if f.exists():
-            record = json.loads(f.read_text())
-            record.pop("wall_time_s", None)
-            h.update(json.dumps(record, sort_keys=True).encode())
-    mdb = path / "data.mdb"
-    h.update(str(mdb.stat().st_size if mdb.exists() else -1).encode())
-    return h.hexdigest()
 
 
 def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Module:

@@ -13,6 +13,7 @@ instead of being resumed.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -61,6 +62,22 @@ def _barrier() -> None:
 
 def tag_for(step: int) -> str:
     return f"step_{step:07d}"
+
+
+def db_fingerprint(path: Path) -> str:
+    """Cheap identity of a store directory for a run's ``fingerprint.json``: sha256 hex of its
+    ``meta.json`` / ``_run.json`` records (minus wall time) and the size of ``data.mdb`` (-1 when
+    absent). The LMDB itself is not hashed: a rebuilt DB gets a new build record anyway."""
+    h = hashlib.sha256()
+    for name in ("meta.json", "_run.json"):
+        f = path / name
+        if f.exists():
+            record = json.loads(f.read_text())
+            record.pop("wall_time_s", None)
+            h.update(json.dumps(record, sort_keys=True).encode())
+    mdb = path / "data.mdb"
+    h.update(str(mdb.stat().st_size if mdb.exists() else -1).encode())
+    return h.hexdigest()
 
 
 class Checkpointer:
