@@ -1,5 +1,5 @@
 """What the downstream task models share: the output type, the encoder call, the answer MLP and the
-"pick one of a group of rows" loss used by VCR (choices) and retrieval (candidates)."""
+"pick one of a group of rows" loss and output used by VCR (choices) and retrieval (candidates)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from model.config import UniterConfig
 from model.layers import init_bert_weights
 from model.uniter import UniterModel
 
-__all__ = ["TaskOutput", "UniterTaskModel", "answer_mlp", "grouped_choice_loss", "metrics_to_floats"]
+__all__ = [
+    "TaskOutput",
+    "UniterTaskModel",
+    "answer_mlp",
+    "grouped_choice_loss",
+    "grouped_choice_output",
+    "metrics_to_floats",
+]
 
 
 @dataclass
@@ -60,6 +67,22 @@ def grouped_choice_loss(scores: torch.Tensor, targets: torch.Tensor) -> tuple[to
     logits = scores.view(groups, -1)
     loss = F.cross_entropy(logits.float(), targets)
     return loss, (logits.argmax(-1) == targets).float().mean(), logits
+
+
+def grouped_choice_output(scores: torch.Tensor, targets: torch.Tensor | None) -> TaskOutput:
+    """The output of a head that scores rows competing in groups (VCR choices, retrieval candidates).
+
+    Args:
+        scores: [R] one score per row; targets: i64 [G] (see :func:`grouped_choice_loss`) or None.
+    Returns:
+        without targets, logits = scores [R] (for ranking); with them, logits [G, R / G], the loss
+        and metrics ``loss``, ``accuracy``, ``n_examples`` (= G).
+    """
+    if targets is None:
+        return TaskOutput(logits=scores)
+    loss, accuracy, logits = grouped_choice_loss(scores, targets)
+    metrics = metrics_to_floats({"loss": loss, "accuracy": accuracy}, n_examples=targets.shape[0])
+    return TaskOutput(logits=logits, loss=loss, metrics=metrics)
 
 
 class UniterTaskModel(nn.Module):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from model.config import UniterConfig
-from model.tasks.common import TaskOutput, UniterTaskModel, grouped_choice_loss, metrics_to_floats
+from model.tasks.common import TaskOutput, UniterTaskModel, grouped_choice_output
 from model.uniter import load_encoder_state
 
 __all__ = ["UniterForRetrieval"]
@@ -28,12 +28,7 @@ class UniterForRetrieval(UniterTaskModel):
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> TaskOutput:
         scores = self.scorer(self.uniter.pool(self.encode(batch))).squeeze(-1)
-        targets = batch.get("targets")
-        if targets is None:
-            return TaskOutput(logits=scores)
-        loss, accuracy, logits = grouped_choice_loss(scores, targets)
-        metrics = metrics_to_floats({"loss": loss, "accuracy": accuracy}, n_examples=targets.shape[0])
-        return TaskOutput(logits=logits, loss=loss, metrics=metrics)
+        return grouped_choice_output(scores, batch.get("targets"))
 
     def init_from_pretraining(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Encoder from a UniterForPretraining state dict, scorer from its ITM head.

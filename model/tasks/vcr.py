@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from model.config import UniterConfig
-from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, grouped_choice_loss, metrics_to_floats
+from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, grouped_choice_output
 
 __all__ = ["UniterForVcr"]
 
@@ -31,9 +31,4 @@ class UniterForVcr(UniterTaskModel):
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> TaskOutput:
         scores = self.head(self.uniter.pool(self.encode(batch))).squeeze(-1)
-        targets = batch.get("targets")
-        if targets is None:
-            return TaskOutput(logits=scores)
-        loss, accuracy, logits = grouped_choice_loss(scores, targets)
-        metrics = metrics_to_floats({"loss": loss, "accuracy": accuracy}, n_examples=targets.shape[0])
-        return TaskOutput(logits=logits, loss=loss, metrics=metrics)
+        return grouped_choice_output(scores, batch.get("targets"))

@@ -18,7 +18,7 @@ from model.tasks import (
     UniterForVcr,
     UniterForVqa,
 )
-from model.tasks.common import grouped_choice_loss
+from model.tasks.common import grouped_choice_loss, grouped_choice_output
 
 VOCAB, D = 100, 12
 
@@ -134,6 +134,15 @@ def test_grouped_choice_loss_by_hand():
     assert acc.item() == 0.5 and logits.shape == (2, 3)
     with pytest.raises(ValueError, match="cannot be split"):
         grouped_choice_loss(torch.zeros(5), torch.tensor([0, 1]))
+
+
+def test_grouped_choice_output_ranks_without_targets_and_scores_groups_with_them():
+    scores = torch.tensor([0.5, 2.0, -1.0, 0.0, 1.0, 3.0])
+    assert grouped_choice_output(scores, None).logits is scores and grouped_choice_output(scores, None).loss is None
+    out = grouped_choice_output(scores, torch.tensor([1, 2]))
+    loss, _, _ = grouped_choice_loss(scores, torch.tensor([1, 2]))
+    assert out.logits.tolist() == [[0.5, 2.0, -1.0], [0.0, 1.0, 3.0]] and out.loss.item() == loss.item()
+    assert out.metrics == {"loss": pytest.approx(loss.item()), "accuracy": 1.0, "n_examples": 2.0}
 
 
 def test_refexp_masks_padded_regions_before_ce():
