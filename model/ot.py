@@ -15,7 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cosine_cost", "ipot", "ot_distance"]
+__all__ = ["IPOT_BETA", "IPOT_INNER_STEPS", "IPOT_ITERATIONS", "cosine_cost", "ipot", "ot_distance"]
+
+# UNITER's IPOT setting: the defaults of every function that runs IPOT (here and in model/heads/wra.py)
+IPOT_BETA = 0.5
+IPOT_ITERATIONS = 50
+IPOT_INNER_STEPS = 1
 
 
 def cosine_cost(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -29,9 +34,9 @@ def ipot(
     x_mask: torch.Tensor,
     y_mask: torch.Tensor,
     *,
-    beta: float = 0.5,
-    iterations: int = 50,
-    inner_steps: int = 1,
+    beta: float = IPOT_BETA,
+    iterations: int = IPOT_ITERATIONS,
+    inner_steps: int = IPOT_INNER_STEPS,
 ) -> torch.Tensor:
     """Approximate optimal transport plans for a batch of cost matrices (no gradient).
 
@@ -74,9 +79,9 @@ def ot_distance(
     x_mask: torch.Tensor,
     y_mask: torch.Tensor,
     *,
-    beta: float = 0.5,
-    iterations: int = 50,
-    inner_steps: int = 1,
+    beta: float = IPOT_BETA,
+    iterations: int = IPOT_ITERATIONS,
+    inner_steps: int = IPOT_INNER_STEPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OT distance between two padded point sets under the cosine cost.
 

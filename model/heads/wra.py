@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.ot import ot_distance
+from model.ot import IPOT_BETA, IPOT_INNER_STEPS, IPOT_ITERATIONS, ot_distance
 
 __all__ = ["WraOutput", "word_positions", "word_region_alignment"]
 
@@ -45,9 +45,9 @@ def word_region_alignment(
     img_mask: torch.Tensor,
     itm_targets: torch.Tensor,
     *,
-    beta: float = 0.5,
-    iterations: int = 50,
-    inner_steps: int = 1,
+    beta: float = IPOT_BETA,
+    iterations: int = IPOT_ITERATIONS,
+    inner_steps: int = IPOT_INNER_STEPS,
     return_plan: bool = False,
 ) -> WraOutput:
     """WRA loss for a batch of matched (target 1) and mismatched (target 0) pairs.
