@@ -90,8 +90,8 @@ def test_gradients_reach_encoder_and_head(name):
     for pname, p in model.named_parameters():
         if name == "retrieval" and pname == "scorer.bias":
             # a bias shared by every candidate cancels in the softmax over a group: its gradient is
-            # exactly zero here (it matters for zero-shot ITM scores, see init_from_pretraining)
-            assert p.grad is not None and p.grad.abs().sum() == 0
+            # zero here up to float rounding (it matters for zero-shot ITM scores, see init_from_pretraining)
+            assert p.grad is not None and p.grad.abs().sum() < 1e-6
         elif pname.startswith(unused):
             assert p.grad is None or p.grad.abs().sum() == 0, f"{name}: {pname} should not train"
         else:

@@ -140,6 +140,29 @@ def test_masked_regions_are_zeroed_and_inputs_checked():
         model(ids, mask, feat)
 
 
+def test_region_embeddings_ignore_common_mode_weight_updates():
+    """Adam's first updates of the feature projection on non-negative detector features have the
+    form ``u 1^T`` (one sign per weight row); they used to shift every region the same way until
+    all regions looked alike. The standardized input makes such an update a no-op, while a
+    region-specific change of the input still changes that region only."""
+    torch.manual_seed(3)
+    model = UniterModel(UniterConfig.from_preset("tiny", dropout=0.0), img_dim=12).eval()
+    emb = model.img_embeddings
+    feat = torch.relu(torch.randn(2, 6, 12) + 0.5)  # non-negative, like pooled ReLU features
+    pos, type_emb = torch.rand(2, 6, 7), torch.zeros(32)
+    with torch.no_grad():
+        before = emb(feat, pos, type_emb)
+        emb.feat_proj.weight += 0.05 * torch.randn(32, 1) * torch.ones(1, 12)
+        after = emb(feat, pos, type_emb)
+        changed = feat.clone()
+        changed[0, 2] = torch.relu(torch.randn(12) + 0.5)
+        moved = emb(changed, pos, type_emb)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
+    assert not torch.allclose(moved[0, 2], after[0, 2], atol=1e-3)
+    torch.testing.assert_close(moved[:, [0, 1, 3, 4, 5]], after[:, [0, 1, 3, 4, 5]])
+
+
+
 def test_load_encoder_state_roundtrip_with_grown_types():
     torch.manual_seed(2)
     src = UniterModel(UniterConfig.from_preset("tiny"), img_dim=12)
