@@ -7,7 +7,9 @@
 - One `dvc repro` with the default params.yaml (the README's demo): every output exists; its wall
   time is printed (README: "Orchestration").
 
-CI runs these once through `make test`. They skip, saying which, while stage modules are missing.
+CI runs the tiny-world tests once through `make test`; the default-params run (marker ``demo``,
+~25 min on 2 cores) runs with `make test-full`. They skip, saying which, while stage modules are
+missing.
 """
 
 from __future__ import annotations
@@ -234,6 +236,7 @@ def default_run(tmp_path_factory):
     return repo, log, seconds
 
 
+@pytest.mark.demo
 def test_default_params_run_the_whole_pipeline(default_run):
     repo, log, _ = default_run
     outputs = stage_outputs(repo)

@@ -1,0 +1,18 @@
+"""Suite-wide ordering for `make test`'s two pytest-xdist workers (``--dist loadfile
+--no-loadscope-reorder``): the two longest files, the tiny-world end-to-end run and the Airflow
+run, go first, so each worker starts with one of them and the short files fill in behind."""
+
+from __future__ import annotations
+
+import pytest
+
+LONG_FIRST = ("tests/e2e/test_dvc_repro.py", "tests/dags/test_airflow_scheduler.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: the order within each group is kept
