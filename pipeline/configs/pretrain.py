@@ -9,7 +9,7 @@ from typing import Literal, Mapping
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-4  # peak learning rate (AdamW)
+    lr: float = 1e-4  # peak learning rate (AdamW)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
     warmup_steps: int = 10  # linear warmup, then linear decay to 0 at the last step
