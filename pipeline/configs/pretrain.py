@@ -23,7 +23,7 @@ class VcrStageConfig:
 
     steps: int = 30
     mix_ratio: Mapping[str, float] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0})
-    lr: float = 1e-4
+    lr: float = 3e-5
     warmup_steps: int = 3
     # qa: question + gold answer; qar: question + gold answer + gold rationale (two datasets)
     views: tuple[str, ...] = ("qa", "qar")
