@@ -34,7 +34,8 @@ from pipeline.config import Params, to_dict
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.tasks import task_class
 from pipeline.tasks.base import FinetuneTask, TaskContext
-from pipeline.tasks.runner import RunOutcome, RunPlan, db_fingerprint, init_digest, lookup, train_run
+from pipeline.tasks.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
+from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo, process_group
 
 log = logging.getLogger(__name__)

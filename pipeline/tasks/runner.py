@@ -24,7 +24,6 @@ from model.config import UniterConfig
 from pipeline.runinfo import atomic_dir, atomic_write_json, file_digest
 from pipeline.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.tasks.data import fixed_batches, mix_seed
-from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo
 
 log = logging.getLogger(__name__)
