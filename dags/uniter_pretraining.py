@@ -139,6 +139,11 @@ def uniter_pretraining():
         _run_stage(run, "pretrain")
 
     @task(pool=GPU_POOL)
+    def pretrain_masking(run: dict) -> None:
+        """The first stage with the other masking: the masking ablation in results.md."""
+        _run_stage(run, "pretrain_masking")
+
+    @task(pool=GPU_POOL)
     def pretrain_vcr(run: dict) -> None:
         _run_stage(run, "pretrain_vcr")
 
@@ -173,6 +178,7 @@ def uniter_pretraining():
     dbs = build_dbs(run)
     first = pretrain(run)
     second = pretrain_vcr(run)
+    ablation = pretrain_masking(run)
     tuned = finetune.partial(run=run).expand(finetune_task=items.override(task_id="tasks")(run, "tasks"))
     table = results(run)
     curves = plots(run)
@@ -180,6 +186,7 @@ def uniter_pretraining():
     world >> ingested >> cleaned >> features
     world >> detector >> features
     features >> dbs >> first >> second >> tuned >> [table, curves] >> done
+    dbs >> ablation >> table
 
 
 uniter_pretraining()

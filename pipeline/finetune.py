@@ -127,10 +127,13 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
     started = time.time()
     for init in inits:
         start = {"init_model": init_digest(init_dir)} if init == "pretrained" else \
-            {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint)}
+            {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
+             "region_init": params.model.region_init, "region_init_images": params.model.region_init_images}
         plan = RunPlan(init=init, work_dir=work_root / init, config=config, img_dim=img_dim,  # type: ignore[arg-type]
                        init_state=state if init == "pretrained" else None, scratch_init=cfg.scratch_init,
                        bert_checkpoint=params.model.bert_checkpoint,
+                       region_init_images=params.model.region_init_images if params.model.region_init == "class_names"
+                       else 0,
                        fingerprint={"task": name, "init": init, "params": task_digest(params, name), "inputs": inputs,
                                     **start})
         outcomes[init] = train_run(task, plan, dist=dist, device=device, precision=precision, seed=params.seed)

@@ -1,4 +1,4 @@
-"""Stages ``pretrain`` and ``pretrain_vcr``: UNITER pretraining on a DeepSpeed engine.
+"""Stages ``pretrain``, ``pretrain_masking`` and ``pretrain_vcr``: UNITER pretraining on a DeepSpeed engine.
 
 ``pretrain`` reads the pretraining text DBs (``data/db/txt/pretrain_{indomain,outdomain}_{train,val}``
 by ``pretrain.datasets``) and the image DBs they name; ``pretrain_vcr`` starts from the first
@@ -11,6 +11,9 @@ stage's export and reads the VCR text (Q→A from ``vcr_qa_<split>``, QA→R fro
 - ``data/checkpoints/<name>/`` while it runs: a killed run resumes there; removed at the end.
 
 ``<name>`` is ``pretrain.out_name`` (``pretrain``), ``<out_name>_vcr`` for the second stage.
+``pretrain_masking`` is the masking ablation the results table reports: the first stage again with
+the other masking (joint when ``pretrain.masking`` is conditional, and the reverse), same seed,
+data order and held-out batches, written to ``<out_name>_masking_ablation``.
 With ``pretrain.world_size > 1`` or a hostfile, the stage re-launches itself on every rank
 through the ``deepspeed`` launcher.
 """
@@ -40,6 +43,7 @@ VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage
 FIRST_STAGE_EVAL = ("itm", "mlm", "mrc_kl")  # always measured: the baseline and masking comparisons need them
 DOMAINS = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
 BASELINE_FILE = "baseline.json"
+OTHER_MASKING = {"conditional": "joint", "joint": "conditional"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class StagePlan:
 
     stage: str
     name: str
+    masking: str  # conditional | joint: how this stage's training batches are masked
     out_dir: Path
     metrics_dir: Path
     ckpt_dir: Path
@@ -67,8 +72,11 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
 
     cfg, data = params.pretrain, Path(params.paths.data)
     txt = data / "db" / "txt"
-    if stage == "pretrain":
+    masking = cfg.masking
+    if stage in ("pretrain", "pretrain_masking"):
         name = cfg.out_name
+        if stage == "pretrain_masking":
+            name, masking = f"{cfg.out_name}_masking_ablation", OTHER_MASKING[cfg.masking]
         domains = DOMAINS[cfg.datasets]
         train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
         val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
@@ -87,8 +95,9 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
     else:
         raise ValueError(f"unknown pretraining stage {stage!r}")
-    return StagePlan(stage=stage, name=name, out_dir=data / "models" / name, metrics_dir=data / "metrics" / name,
-                     ckpt_dir=data / "checkpoints" / name, train_sources=train, val_sources=val,
+    return StagePlan(stage=stage, name=name, masking=masking, out_dir=data / "models" / name,
+                     metrics_dir=data / "metrics" / name, ckpt_dir=data / "checkpoints" / name,
+                     train_sources=train, val_sources=val,
                      img_root=data / "db" / "img", mix_ratio=dict(mix), eval_tasks=eval_tasks, steps=steps, lr=lr,
                      warmup_steps=warmup, init_from=init)
 
@@ -96,8 +105,9 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
 def check_params(params: Params, plan: StagePlan) -> None:
     """Reject settings the stage cannot run with, naming the params key."""
     cfg = params.pretrain
-    allowed = FIRST_STAGE_TASKS if plan.stage == "pretrain" else VCR_TASKS
-    key = "pretrain.mix_ratio" if plan.stage == "pretrain" else "pretrain.vcr.mix_ratio"
+    first = plan.stage != "pretrain_vcr"
+    allowed = FIRST_STAGE_TASKS if first else VCR_TASKS
+    key = "pretrain.mix_ratio" if first else "pretrain.vcr.mix_ratio"
     unknown = sorted(set(plan.mix_ratio) - set(allowed))
     if unknown:
         raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
@@ -125,6 +135,11 @@ def check_params(params: Params, plan: StagePlan) -> None:
 def run(params: Params) -> None:
     """Stage ``pretrain``: first-stage pretraining."""
     _run(params, plan_stage(params, "pretrain"))
+
+
+def run_masking_ablation(params: Params) -> None:
+    """Stage ``pretrain_masking``: the first stage with the other masking (the results table's ablation)."""
+    _run(params, plan_stage(params, "pretrain_masking"))
 
 
 def run_vcr(params: Params) -> None:
@@ -206,9 +221,9 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
         txt_meta = train_dbs[0].meta
-        model, spec = _build_model(params, plan, txt_meta, img_dbs)
+        model, spec, region_fit = _build_model(params, plan, txt_meta, img_dbs)
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed)
-        streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=cfg.masking,
+        streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=plan.masking,
                                 mask_prob=cfg.mask_prob, itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
                                 rank=dist.rank, world_size=dist.world_size, num_workers=cfg.num_workers)
         val = held_out_batches(val_dbs, val_img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=cfg.mask_prob,
@@ -230,7 +245,8 @@ def train_rank(params: Params, plan: StagePlan) -> None:
 
         baseline = _baseline(engine, val, prepare, plan, dist, resume) if cfg.val_batches else {}
         logger = MetricsLogger(plan.metrics_dir, enabled=dist.is_main, resume_step=resume,
-                               params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg)}, {}))
+                               params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
+                                                 "stage": {"name": plan.stage, "masking": plan.masking}}, {}))
         try:
             result = train(engine, schedule=schedule, streams=streams, checkpointer=ckpt, logger=logger,
                            val_batches=val if cfg.val_batches else {}, dist=dist, resume_step=resume,
@@ -248,7 +264,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
             text_only = evaluate(engine, {"mlm": val["mlm"]}, prepare=without_image, module=engine.module,
                                  prefix="val_text_only")
         _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
-                started)
+                started, region_fit)
 
 
 def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], img_dbs):
@@ -259,13 +275,19 @@ def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], i
         model, spec = model_from_export(plan.init_from, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                                         num_classes=img_dbs.num_classes, dropout=params.model.dropout)
         log.info("%s: starting from %s", plan.stage, plan.init_from)
-        return model, spec
+        return model, spec, None
     cfg = params.pretrain
     spec = spec_from_params(params.model, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                             num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0)
     model = build_model(spec, bert_checkpoint=params.model.bert_checkpoint, init_from_bert=params.model.init_from_bert,
                         seed=params.seed)
-    return model, spec
+    region_fit = None
+    if params.model.region_init == "class_names":
+        from pipeline.training.region_init import init_region_projection
+
+        region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, max_images=params.model.region_init_images,
+                                            seed=params.seed)
+    return model, spec, region_fit
 
 
 def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
@@ -281,7 +303,7 @@ def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[
 
 
 def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
-            started) -> None:
+            started, region_fit) -> None:
     """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
     from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
     from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
@@ -297,8 +319,8 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
         state = consolidated_state_dict(engine, plan.ckpt_dir, plan.steps, cfg.zero_stage)
         held_out = {t: {k: sum(share[t][k] for share in shares) for k in shares[0][t]} for t in shares[0]}
         report = {
-            "stage": plan.stage, "steps": plan.steps, "masking": cfg.masking, "wra": cfg.wra,
-            "datasets": cfg.datasets if plan.stage == "pretrain" else list(cfg.vcr.views),
+            "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
+            "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
             "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
             "held_out": held_out,
             "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(result.last_val, "val"),
@@ -313,7 +335,8 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
                          "task_steps": schedule.counts(plan.steps), "world_size": dist.world_size,
                          "task_sequence_sha256_by_rank": digests,
                          "train_examples": {t: len(s.dataset) for t, s in streams.items()},
-                         "parameters": sum(p.numel() for p in engine.module.parameters())}
+                         "parameters": sum(p.numel() for p in engine.module.parameters()),
+                         "region_init": (region_fit or params.model.region_init) if plan.init_from is None else None}
         record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
         with atomic_dir(plan.out_dir) as tmp:
             save_safetensors(state, tmp / MODEL_FILE)

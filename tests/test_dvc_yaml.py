@@ -54,7 +54,8 @@ MODULE_STAGES = {"plots": ("pipeline.plots", "python -m pipeline.plots")}
 
 def expected_stage_names() -> set[str]:
     return (
-        {"mini_world", "decontaminate", "train_detector", "build_dbs", "pretrain", "pretrain_vcr", "results"}
+        {"mini_world", "decontaminate", "train_detector", "build_dbs", "pretrain", "pretrain_masking", "pretrain_vcr",
+         "results"}
         | set(MODULE_STAGES)
         | {f"ingest@{d}" for d in DATASETS}
         | {f"extract@{s}" for s in IMAGE_SOURCES}

@@ -18,3 +18,7 @@ class ModelConfig:
     bert_checkpoint: Path | None = must_exist(None)
     init_from_bert: bool = True
     dropout: float = 0.1  # hidden and attention dropout
+    # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the
+    # word embedding of the detector's class name for it; model/region_init.py)
+    region_init: Literal["random", "class_names"] = "random"
+    region_init_images: int = 400  # images sampled for that fit

@@ -46,6 +46,8 @@ class RunPlan:
     scratch_init: Literal["bert", "random"]
     bert_checkpoint: Path | None
     fingerprint: Mapping[str, Any]
+    # scratch start: images sampled to fit the region projection to the class names (0: random start)
+    region_init_images: int = 0
 
 
 @dataclass
@@ -73,9 +75,15 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
     if plan.init == "pretrained":
         assert plan.init_state is not None
         task.load_pretrained(model, plan.init_state)
-    elif plan.scratch_init == "bert":
-        report = load_bert_weights(model, plan.bert_checkpoint)
-        log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
+    else:
+        if plan.scratch_init == "bert":
+            report = load_bert_weights(model, plan.bert_checkpoint)
+            log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
+        if plan.region_init_images:  # the same start of the region projection as pretraining had
+            from pipeline.training.region_init import init_region_projection
+
+            init_region_projection(model.uniter, task.img_dbs, task.db(task.text_dbs()[0]).meta,
+                                   max_images=plan.region_init_images, seed=seed)
     return model
 
 

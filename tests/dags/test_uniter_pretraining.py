@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())
 CHAIN = ["prepare", "mini_world", "ingest", "decontaminate", "extract", "build_dbs", "pretrain", "pretrain_vcr",
          "finetune", "results", "record"]
-GPU_TASKS = {"train_detector", "extract", "pretrain", "pretrain_vcr", "finetune"}
+GPU_TASKS = {"train_detector", "extract", "pretrain", "pretrain_masking", "pretrain_vcr", "finetune"}
 MAPPED = {"ingest": "dataset", "extract": "image_source", "finetune": "finetune_task"}
 
 
@@ -44,7 +44,8 @@ def test_dag_folder_imports_cleanly_and_holds_only_the_dag():
 
 def test_tasks_run_in_stage_order():
     dag = the_dag()
-    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "plots", "datasets", "image_sources", "tasks"}
+    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "pretrain_masking", "plots", "datasets",
+                                              "image_sources", "tasks"}
     for before, after in zip(CHAIN, CHAIN[1:]):
         assert before in dag.get_task(after).get_flat_relative_ids(upstream=True), f"{before} must precede {after}"
     extract_upstream = dag.get_task("extract").get_flat_relative_ids(upstream=True)
@@ -52,6 +53,9 @@ def test_tasks_run_in_stage_order():
     assert "mini_world" in dag.get_task("train_detector").upstream_task_ids
     assert dag.get_task("plots").upstream_task_ids == {"prepare", "finetune"}
     assert "plots" in dag.get_task("record").upstream_task_ids
+    # the masking ablation needs only the stores, and the results table needs it
+    assert dag.get_task("pretrain_masking").upstream_task_ids == {"prepare", "build_dbs"}
+    assert "pretrain_masking" in dag.get_task("results").upstream_task_ids
 
 
 def test_stages_map_over_datasets_sources_and_tasks():

@@ -135,6 +135,40 @@ def test_scratch_comparison_has_the_same_budget_and_head_start(data):
     assert "uniter.embeddings.word_embeddings.weight" in state and "head.3.weight" in state
 
 
+def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
+    """model.region_init=class_names: the non-pretrained start fits its region projection exactly as
+    the pretraining stage does, so the comparison isolates what pretraining learned."""
+    import torch
+
+    from pipeline.finetune import encoder_config
+    from pipeline.tasks import task_class
+    from pipeline.tasks.base import TaskContext
+    from pipeline.tasks.runner import RunPlan, build_model
+    from pipeline.training.model_io import read_exported
+    from pipeline.training.region_init import init_region_projection
+
+    params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")
+    cfg = params.finetune
+    task = task_class("snli_ve")(TaskContext(name="snli_ve", data=data, cfg=cfg, task_cfg=cfg.per_task["snli_ve"],
+                                             seed=params.seed))
+    task.open()
+    meta, _ = read_exported(data / "models" / "pretrain")
+    plans = {n: RunPlan(init="scratch", work_dir=data / "unused", config=encoder_config(meta, 0.0),
+                        img_dim=task.img_dbs.feature_dim, init_state=None, scratch_init="random", bert_checkpoint=None,
+                        fingerprint={}, region_init_images=n) for n in (0, 5)}
+    plain, fitted = (build_model(task, plans[n], seed=params.seed) for n in (0, 5))
+    reference = build_model(task, plans[0], seed=params.seed)
+    init_region_projection(reference.uniter, task.img_dbs, task.db(task.text_dbs()[0]).meta, max_images=5,
+                           seed=params.seed)
+    proj = "uniter.img_embeddings.feat_proj.weight"
+    assert torch.equal(fitted.state_dict()[proj], reference.state_dict()[proj])
+    assert not torch.equal(fitted.state_dict()[proj], plain.state_dict()[proj])
+    # everything else is the same seeded start
+    for name, value in plain.state_dict().items():
+        if "feat_proj" not in name:
+            assert torch.equal(value, fitted.state_dict()[name]), name
+
+
 def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
     from pipeline.finetune import run
 

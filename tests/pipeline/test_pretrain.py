@@ -112,6 +112,24 @@ def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     assert json.loads((out / "model_config.json").read_text())["uniter_config"] == first["uniter_config"]
 
 
+def test_masking_ablation_is_the_first_stage_with_the_other_masking(data, first_stage):
+    from pipeline.pretrain import run_masking_ablation
+
+    run_masking_ablation(params_for(data, *FAST, "pretrain.steps=16", "pretrain.val_every=8",
+                                    "pretrain.checkpoint_every=5"))
+    out = data / "models" / "pretrain_masking_ablation"
+    first, other = (json.loads((d / "eval.json").read_text()) for d in (first_stage, out))
+    assert (first["masking"], other["masking"]) == ("conditional", "joint")
+    assert other["stage"] == "pretrain_masking"
+    # same start, same held-out batches, same task sequence: only the training masks differ
+    assert other["held_out"] == first["held_out"] and other["no_pretraining"] == first["no_pretraining"]
+    runs = [json.loads((d / "_run.json").read_text())["counts"] for d in (first_stage, out)]
+    assert runs[0]["task_sequence_sha256_by_rank"] == runs[1]["task_sequence_sha256_by_rank"]
+    assert other["pretrained"] != first["pretrained"]
+    live = json.loads((data / "metrics/pretrain_masking_ablation/metrics.json").read_text())
+    assert live["step"] == 16
+
+
 def test_bad_params_are_named(data):
     from pipeline.pretrain import run, run_vcr
 

@@ -1,0 +1,86 @@
+"""pipeline/training/region_init.py on build_dbs' synthetic world: which regions the fit reads,
+that it lands in the model, and that disagreeing or missing class names are refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+TESTS_PIPELINE = Path(__file__).resolve().parents[1]
+if str(TESTS_PIPELINE) not in sys.path:  # dbs_synthetic lives one level up
+    sys.path.insert(0, str(TESTS_PIPELINE))
+
+from dbs_synthetic import params_for, write_world  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    from pipeline.build_dbs import run as build_dbs
+
+    data = tmp_path_factory.mktemp("region_init") / "data"
+    write_world(data)
+    build_dbs(params_for(data))
+    return data
+
+
+def _group(data: Path):
+    from pipeline.stores import ImageDbGroup, TextDb
+
+    txt = TextDb(data / "db/txt/pretrain_indomain_train")
+    return ImageDbGroup(data / "db/img", txt.img_db_names), txt.meta
+
+
+def test_sample_reads_every_region_of_the_drawn_images(data):
+    from pipeline.training.region_init import sample_regions
+
+    group, _ = _group(data)
+    total = sum(sum(db.nbb.values()) for db in group.dbs.values())
+    feats, soft = sample_regions(group, max_images=10_000, seed=0)
+    assert feats.shape == (total, group.feature_dim) and soft.shape == (total, group.num_classes)
+    few, _ = sample_regions(group, max_images=3, seed=0)
+    again, _ = sample_regions(group, max_images=3, seed=0)
+    assert torch.equal(few, again) and 0 < few.shape[0] < total
+
+
+def test_fit_is_written_into_the_region_projection(data):
+    from model.region_init import class_name_embeddings, class_name_projection
+    from model.uniter import FEATURE_STD_EPS, UniterConfig, UniterModel
+    from pipeline.tokenization import WordPieceTokenizer
+    from pipeline.training.region_init import init_region_projection, sample_regions, shared_class_names
+
+    group, meta = _group(data)
+    config = UniterConfig.from_preset("tiny", vocab_size=int(meta["vocab_size"]))
+    model = UniterModel(config, img_dim=group.feature_dim)
+    report = init_region_projection(model, group, meta, max_images=6, seed=3)
+    feats, soft = sample_regions(group, max_images=6, seed=3)
+    tok = WordPieceTokenizer(meta["tokenizer"])
+    names = class_name_embeddings(model.embeddings.word_embeddings.weight.detach(),
+                                  [tok.encode(n) for n in shared_class_names(group)])
+    weight, bias = class_name_projection(feats, soft, names, feature_eps=FEATURE_STD_EPS)
+    assert torch.equal(model.img_embeddings.feat_proj.weight, weight)
+    assert torch.equal(model.img_embeddings.feat_proj.bias, bias)
+    assert report["regions"] == feats.shape[0] and report["classes"] == len(shared_class_names(group))
+    assert 0.0 <= report["r2"] <= 1.0
+
+
+def test_class_names_must_exist_and_agree(data, tmp_path):
+    import shutil
+
+    from pipeline.stores import ImageDbGroup
+    from pipeline.training.region_init import shared_class_names
+
+    root = tmp_path / "img"
+    for name in ("coco", "vg"):
+        shutil.copytree(data / "db/img" / name, root / name)
+    meta = json.loads((root / "vg/meta.json").read_text())
+    (root / "vg/meta.json").write_text(json.dumps({**meta, "class_names": list(np.roll(meta["class_names"], 1))}))
+    with pytest.raises(ValueError, match="found 2 different lists"):
+        shared_class_names(ImageDbGroup(root, ["coco", "vg"]))
+    (root / "vg/meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "class_names"}))
+    with pytest.raises(ValueError, match="class_names"):
+        shared_class_names(ImageDbGroup(root, ["coco", "vg"]))
