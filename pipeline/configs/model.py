@@ -20,5 +20,5 @@ class ModelConfig:
     dropout: float = 0.1  # hidden and attention dropout
     # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the
     # word embedding of the detector's class name for it; model/region_init.py)
-    region_init: Literal["random", "class_names"] = "random"
+    region_init: Literal["random", "class_names"] = "class_names"
     region_init_images: int = 400  # images sampled for that fit

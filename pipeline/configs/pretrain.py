@@ -31,10 +31,10 @@ class VcrStageConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 100  # optimizer steps
+    steps: int = 250  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
-        default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
+        default_factory=lambda: {"mlm": 2.0, "mrfr": 0.5, "mrc": 0.0, "mrc_kl": 0.5, "itm": 2.0}
     )
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
