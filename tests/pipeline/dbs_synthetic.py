@@ -145,3 +145,12 @@ def write_world(data: Path, *, seed: int = 0, cc_val: bool = True) -> dict:
 def params_for(data: Path, *overrides: str):
     """params.yaml of the repo with ``paths.data`` pointed at ``data`` (source paths unchecked)."""
     return load_params(ROOT / "params.yaml", [f"paths.data={data}", *overrides], check_paths=False)
+
+
+def built_world(data: Path, *overrides: str) -> Path:
+    """``write_world(data)`` then the real build_dbs stage over it; returns ``data``."""
+    from pipeline.build_dbs import run as build_dbs
+
+    write_world(data)
+    build_dbs(params_for(data, *overrides))
+    return data

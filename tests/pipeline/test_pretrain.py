@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dbs_synthetic import ROOT, params_for, write_world
+from dbs_synthetic import ROOT, built_world, params_for
 from pipeline.runinfo import file_digest
 
 FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
@@ -33,12 +33,7 @@ def tsv(path: Path) -> list[tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from pipeline.build_dbs import run as build_dbs
-
-    data = tmp_path_factory.mktemp("pretrain") / "data"
-    write_world(data)
-    build_dbs(params_for(data))
-    return data
+    return built_world(tmp_path_factory.mktemp("pretrain") / "data")
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dbs_synthetic import write_world, params_for
+from dbs_synthetic import built_world
 from pipeline.batching import TokenBucketSampler, collate_pretrain
-from pipeline.build_dbs import run
 from pipeline.pretrain_data import PretrainDataset, open_pretrain_dataset, pretrain_loader
 
 CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
@@ -17,10 +16,7 @@ CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
 
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory):
-    data = tmp_path_factory.mktemp("world") / "data"
-    write_world(data)
-    run(params_for(data, "build_dbs.vqa_min_answer_count=1"))
-    return data / "db"
+    return built_world(tmp_path_factory.mktemp("world") / "data", "build_dbs.vqa_min_answer_count=1") / "db"
 
 
 def dataset(dbs, task, names=("pretrain_indomain_train",), **kw) -> PretrainDataset:

@@ -15,17 +15,12 @@ TESTS_PIPELINE = Path(__file__).resolve().parents[1]
 if str(TESTS_PIPELINE) not in sys.path:  # dbs_synthetic lives one level up
     sys.path.insert(0, str(TESTS_PIPELINE))
 
-from dbs_synthetic import params_for, write_world  # noqa: E402
+from dbs_synthetic import built_world  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from pipeline.build_dbs import run as build_dbs
-
-    data = tmp_path_factory.mktemp("region_init") / "data"
-    write_world(data)
-    build_dbs(params_for(data))
-    return data
+    return built_world(tmp_path_factory.mktemp("region_init") / "data")
 
 
 def _group(data: Path):
