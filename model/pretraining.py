@@ -126,7 +126,12 @@ class UniterForPretraining(nn.Module):
         )  # fmt: skip
         loss = out.loss + self.wra_weight * wra.loss
         metrics.update(wra_loss=wra.loss, ot_dist=wra.distances.mean(), ot_pos=wra.mean_pos, ot_neg=wra.mean_neg)
-        return self._finish(loss, out, metrics, "n_pairs", out.n_pairs, wra)
+        result = self._finish(loss, out, metrics, "n_pairs", out.n_pairs, wra)
+        # ot_pos / ot_neg are means over the matched / swapped pairs only (nan when a batch has none):
+        # their counts let a running mean weight them by those pairs
+        n_pos = int(targets.sum())
+        result.metrics.update(n_pos=float(n_pos), n_neg=float(out.n_pairs - n_pos))
+        return result
 
     @staticmethod
     def _finish(loss, head, tensors: dict, count_name: str, count: int, wra: WraOutput | None = None) -> PretrainOutput:

@@ -18,7 +18,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-COUNT_KEYS = ("n_tokens", "n_regions", "n_pairs")
+COUNT_KEYS = ("n_tokens", "n_regions", "n_pairs", "n_pos", "n_neg")
+# metrics that average over a subset of the batch, weighted by that subset's count instead
+SUBSET_COUNTS = {"ot_pos": "n_pos", "ot_neg": "n_neg"}
 
 
 def _weight(metrics: Mapping[str, float]) -> float:
@@ -41,8 +43,11 @@ class RunningMeans:
         self._add(f"{prefix}/loss", loss, 1.0)
         w = _weight(metrics)
         for key, value in metrics.items():
-            if key not in COUNT_KEYS and key != "loss":  # counts are weights; the loss is logged above
-                self._add(f"{prefix}/{key}", float(value), w)
+            if key in COUNT_KEYS or key == "loss":  # counts are weights; the loss is logged above
+                continue
+            weight = float(metrics[SUBSET_COUNTS[key]]) if SUBSET_COUNTS.get(key) in metrics else w
+            if weight > 0:  # an empty subset's mean is undefined (nan): it adds nothing
+                self._add(f"{prefix}/{key}", float(value), weight)
 
     def add_value(self, name: str, value: float, weight: float = 1.0) -> None:
         self._add(name, value, weight)

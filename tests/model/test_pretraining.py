@@ -96,7 +96,8 @@ def test_each_task_loss_decreases_on_random_tensors(task):
 def test_metrics_and_wra_switch():
     batch = make_batch()
     out = make_model(wra_weight=0.5)(batch, "itm", return_plan=True)
-    assert set(out.metrics) == {"loss", "itm_loss", "itm_acc", "wra_loss", "ot_dist", "ot_pos", "ot_neg", "n_pairs"}
+    assert set(out.metrics) == {"loss", "itm_loss", "itm_acc", "wra_loss", "ot_dist", "ot_pos", "ot_neg", "n_pairs",
+                                "n_pos", "n_neg"}
     assert out.loss.item() == pytest.approx(out.metrics["itm_loss"] + 0.5 * out.metrics["wra_loss"], rel=1e-5)
     assert out.wra.plan.shape == (4, 9, 7) and out.metrics["n_pairs"] == 4
     plain = make_model(wra_weight=0.0)(batch, "itm")

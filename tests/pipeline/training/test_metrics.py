@@ -1,3 +1,5 @@
+import pytest
+
 from pipeline.training.metrics import MetricsLogger, RunningMeans, truncate_dvclive
 
 
@@ -12,6 +14,20 @@ def test_accuracies_are_weighted_by_their_counts():
     restored = RunningMeans()
     restored.load_state_dict(m.state_dict())
     assert restored.reduce() == out
+
+
+def test_subset_means_are_weighted_by_their_subset_and_skip_empty_ones():
+    m = RunningMeans()
+    nan = float("nan")
+    # ot_pos is the mean OT distance of a batch's matched pairs: undefined when it has none
+    m.add("val/itm", 0.7, {"itm_acc": 0.5, "ot_pos": nan, "ot_neg": 0.8, "n_pairs": 2, "n_pos": 0, "n_neg": 2})
+    m.add("val/itm", 0.6, {"itm_acc": 1.0, "ot_pos": 0.2, "ot_neg": 0.5, "n_pairs": 4, "n_pos": 3, "n_neg": 1})
+    m.add("val/itm", 0.5, {"itm_acc": 0.0, "ot_pos": 0.6, "ot_neg": nan, "n_pairs": 1, "n_pos": 1, "n_neg": 0})
+    out = m.reduce()
+    assert out["val/itm/ot_pos"] == pytest.approx((0.2 * 3 + 0.6) / 4)
+    assert out["val/itm/ot_neg"] == pytest.approx((0.8 * 2 + 0.5) / 3)
+    assert out["val/itm/itm_acc"] == pytest.approx((0.5 * 2 + 4) / 7)
+    assert not any(k.endswith(("n_pos", "n_neg")) for k in out)
 
 
 def test_dvclive_resume_drops_steps_after_the_checkpoint(tmp_path):
