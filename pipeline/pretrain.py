@@ -60,6 +60,8 @@ class StagePlan:
     val_sources: tuple[Any, ...]
     img_root: Path
     mix_ratio: Mapping[str, float]
+    first_phase_mix: Mapping[str, float]  # what steps 1..first_phase_steps draw from (first stage only)
+    first_phase_steps: int
     eval_tasks: tuple[str, ...]
     steps: int
     lr: float
@@ -81,7 +83,11 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
         val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
-        eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | {t for t, r in mix.items() if r > 0}))
+        first_mix, first_steps = dict(cfg.first_phase_mix), cfg.first_phase_steps
+        drawn = {t for t, r in mix.items() if r > 0}
+        if first_steps:
+            drawn |= {t for t, r in first_mix.items() if r > 0}
+        eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
     elif stage == "pretrain_vcr":
         name = f"{cfg.out_name}_vcr"
         view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("pretrain_vcr", "plain")}
@@ -91,6 +97,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         train = tuple(TextSource(txt / f"{view_dbs[v][0]}_train", view_dbs[v][1]) for v in cfg.vcr.views)
         val = tuple(TextSource(txt / f"{view_dbs[v][0]}_val", view_dbs[v][1]) for v in cfg.vcr.views)
         mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
+        first_mix, first_steps = {}, 0
         init = data / "models" / cfg.out_name
         eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
     else:
@@ -98,7 +105,8 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
     return StagePlan(stage=stage, name=name, masking=masking, out_dir=data / "models" / name,
                      metrics_dir=data / "metrics" / name, ckpt_dir=data / "checkpoints" / name,
                      train_sources=train, val_sources=val,
-                     img_root=data / "db" / "img", mix_ratio=dict(mix), eval_tasks=eval_tasks, steps=steps, lr=lr,
+                     img_root=data / "db" / "img", mix_ratio=dict(mix), first_phase_mix=first_mix,
+                     first_phase_steps=first_steps, eval_tasks=eval_tasks, steps=steps, lr=lr,
                      warmup_steps=warmup, init_from=init)
 
 
@@ -113,6 +121,16 @@ def check_params(params: Params, plan: StagePlan) -> None:
         raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
     if not any(r > 0 for r in plan.mix_ratio.values()):
         raise ValueError(f"{key}: at least one task needs a ratio > 0")
+    if not 0 <= plan.first_phase_steps <= plan.steps:
+        raise ValueError(f"pretrain.first_phase_steps must be in [0, pretrain.steps={plan.steps}], "
+                         f"got {plan.first_phase_steps}")
+    if plan.first_phase_steps:
+        unknown = sorted(set(plan.first_phase_mix) - set(allowed))
+        if unknown:
+            raise ValueError(f"pretrain.first_phase_mix: task(s) {unknown} not allowed; expected a subset of "
+                             f"{list(allowed)}")
+        if not any(r > 0 for r in plan.first_phase_mix.values()):
+            raise ValueError("pretrain.first_phase_mix: at least one task needs a ratio > 0")
     checks = [
         (plan.steps >= 1, "steps must be >= 1"), (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
         (cfg.optim.grad_accum >= 1, "pretrain.optim.grad_accum must be >= 1"),
@@ -222,7 +240,8 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
         txt_meta = train_dbs[0].meta
         model, spec, region_fit = _build_model(params, plan, txt_meta, img_dbs)
-        schedule = TaskSchedule(plan.mix_ratio, seed=params.seed)
+        schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
+                                first_phase_steps=plan.first_phase_steps)
         streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=plan.masking,
                                 mask_prob=cfg.mask_prob, itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
                                 rank=dist.rank, world_size=dist.world_size, num_workers=cfg.num_workers)
@@ -322,6 +341,8 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
             "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
             "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
             "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
+            "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
+            if plan.first_phase_steps else None,
             "held_out": held_out,
             "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(result.last_val, "val"),
             "pretrained_text_only": _by_task(text_only, "val_text_only"),

@@ -76,7 +76,7 @@ def pretraining_report(path: Path) -> dict[str, Any] | None:
         after = report.get("pretrained", {}).get(task, {}).get(metric)
         if before is not None or after is not None:
             held_out[label] = {"before": before, "after": after}
-    setting = {k: report.get(k) for k in ("steps", "masking", "wra", "datasets", "mix_ratio")}
+    setting = {k: report.get(k) for k in ("steps", "masking", "wra", "datasets", "mix_ratio", "first_phase")}
     return {"setting": setting, "held_out": held_out}
 
 
@@ -97,6 +97,13 @@ def masking_ablation(main: Path, ablation: Path) -> dict[str, Any] | None:
     metrics = {label: {m: r.get("pretrained", {}).get(task, {}).get(metric) for m, r in zip(maskings, reports)}
                for task, metric, label in PRETRAIN_METRICS}
     return {"steps": reports[0].get("steps"), "maskings": sorted(maskings), "metrics": metrics}
+
+
+def _first_phase(first: Mapping[str, Any] | None) -> str:
+    if not first:
+        return ""
+    tasks = ", ".join(f"{k} {v:g}" for k, v in sorted(first["mix_ratio"].items()) if v)
+    return f" (steps 1-{first['steps']}: {tasks})"
 
 
 def _fmt(value: Any, signed: bool = False) -> str:
@@ -131,7 +138,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         mix = ", ".join(f"{k} {v:g}" for k, v in sorted((s.get("mix_ratio") or {}).items()) if v)
         lines += ["", "## Pretraining", "",
                   f"{_fmt(s.get('steps'))} steps, {s.get('masking')} masking, WRA {'on' if s.get('wra') else 'off'}, "
-                  f"datasets {s.get('datasets')}, tasks: {mix or '–'}.", "",
+                  f"datasets {s.get('datasets')}, tasks: {mix or '–'}{_first_phase(s.get('first_phase'))}.", "",
                   "| held-out metric | before pretraining | after |", "|---|---:|---:|"]
         for label, v in pre["held_out"].items():
             lines.append(f"| {label} | {_fmt(v['before'])} | {_fmt(v['after'])} |")

@@ -36,6 +36,9 @@ class PretrainConfig:
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 0.5, "mrc": 0.0, "mrc_kl": 0.5, "itm": 2.0}
     )
+    # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER)
+    first_phase_steps: int = 0
+    first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
     itm_neg_prob: float = 0.5

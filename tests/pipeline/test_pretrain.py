@@ -125,6 +125,23 @@ def test_masking_ablation_is_the_first_stage_with_the_other_masking(data, first_
     assert live["step"] == 16
 
 
+def test_first_phase_runs_its_own_mix_first(data, tmp_path):
+    from pipeline.pretrain import run
+    from pipeline.training.task_mix import TaskSchedule
+
+    params = params_for(data, *FAST, "pretrain.steps=6", "pretrain.first_phase_steps=4", "pretrain.val_every=0",
+                        "pretrain.checkpoint_every=0", "pretrain.out_name=phased", "pretrain.mix_ratio={mlm: 1.0}")
+    run(params)
+    report = json.loads((data / "models/phased/eval.json").read_text())
+    assert report["first_phase"] == {"steps": 4, "mix_ratio": {"itm": 1.0}}
+    counts = json.loads((data / "models/phased/_run.json").read_text())["counts"]["task_steps"]
+    assert counts == {"itm": 4, "mlm": 2}
+    assert counts == TaskSchedule({"mlm": 1.0}, seed=params.seed, first_phase_mix={"itm": 1.0},
+                                  first_phase_steps=4).counts(6)
+    itm_loss = data / "metrics/phased/plots/metrics/train/itm/loss.tsv"
+    assert [step for step, _ in tsv(itm_loss)] == [1, 2, 3, 4]  # log_every=1: ITM ran exactly at steps 1-4
+
+
 def test_bad_params_are_named(data):
     from pipeline.pretrain import run, run_vcr
 
@@ -132,6 +149,10 @@ def test_bad_params_are_named(data):
         run(params_for(data, *FAST, "pretrain.mix_ratio={mlmm: 1.0}"))
     with pytest.raises(ValueError, match=r"not allowed in pretrain_vcr"):
         run_vcr(params_for(data, *FAST, "pretrain.vcr.mix_ratio={itm: 1.0}"))
+    with pytest.raises(ValueError, match=r"first_phase_steps must be in \[0, pretrain.steps=4\], got 5"):
+        run(params_for(data, *FAST, "pretrain.steps=4", "pretrain.first_phase_steps=5"))
+    with pytest.raises(ValueError, match=r"first_phase_mix: task\(s\) \['itmm'\]"):
+        run(params_for(data, *FAST, "pretrain.first_phase_steps=2", "pretrain.first_phase_mix={itmm: 1.0}"))
     with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
         run(params_for(data, *FAST, "pretrain.zero_stage=3"))
     with pytest.raises(FileNotFoundError, match="pretrain_outdomain_train"):

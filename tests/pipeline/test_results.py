@@ -63,6 +63,7 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | 20.00 | 3.33 |" in md
     assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | 50.00 |" in md
     assert "joint masking" in md and "| MLM acc | 0.05 | 0.45 |" in md and "| ITM acc | 0.50 | 0.80 |" in md
+    assert "tasks: itm 2, mlm 2." in md  # no first phase
     saved = json.loads((data / "reports" / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
     assert saved["pretraining"]["setting"]["masking"] == "joint"
@@ -78,6 +79,7 @@ def test_masking_ablation_table_from_both_first_stage_reports(tmp_path):
     write_metrics(data, VQA)
     held_out = {"mlm": {"batches": 4, "examples": 100}}
     conditional = {**PRETRAIN_EVAL, "masking": "conditional", "held_out": held_out,
+                   "first_phase": {"steps": 30, "mix_ratio": {"itm": 1.0, "mlm": 0.0}},
                    "pretrained": {"mlm": {"mlm_acc": 0.312}, "mrc_kl": {"mrc_acc": 0.043}, "itm": {"itm_acc": 0.611}}}
     joint = {**PRETRAIN_EVAL, "masking": "joint", "held_out": held_out,
              "pretrained": {"mlm": {"mlm_acc": 0.262}, "mrc_kl": {"mrc_acc": 0.051}, "itm": {"itm_acc": 0.531}}}
@@ -87,6 +89,7 @@ def test_masking_ablation_table_from_both_first_stage_reports(tmp_path):
         (data / "models" / name / "eval.json").write_text(json.dumps(report))
     results = run(params)
     md = (data / "reports" / "results.md").read_text()
+    assert "tasks: itm 2, mlm 2 (steps 1-30: itm 1)." in md
     assert "## Masking ablation" in md and "| held-out metric | conditional | joint |" in md
     assert "| MLM acc | 0.31 | 0.26 |" in md and "| MRC-kl acc | 0.04 | 0.05 |" in md
     assert "| ITM acc | 0.61 | 0.53 |" in md

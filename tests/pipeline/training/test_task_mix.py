@@ -34,3 +34,21 @@ def test_bad_ratios_are_rejected():
         TaskSchedule({"mlm": -1.0, "itm": 1.0}, seed=0)
     with pytest.raises(ValueError, match="from 1"):
         TaskSchedule({"mlm": 1.0}, seed=0).task_at(0)
+
+
+def test_first_phase_draws_from_its_own_mix_then_the_plain_schedule_resumes():
+    mix = {"mlm": 2.0, "mrfr": 0.5, "mrc_kl": 0.5, "itm": 2.0}
+    plain = TaskSchedule(mix, seed=3)
+    phased = TaskSchedule(mix, seed=3, first_phase_mix={"itm": 1.0, "mrc": 0.0}, first_phase_steps=40)
+    assert phased.tasks_for(1, 40) == ["itm"] * 40
+    assert phased.tasks_for(41, 300) == plain.tasks_for(41, 300)
+    assert phased.tasks == plain.tasks
+    assert phased.counts(300)["itm"] == 40 + plain.tasks_for(41, 300).count("itm")
+    # a first-phase task outside the main mix still gets its stream
+    assert TaskSchedule({"mlm": 1.0}, seed=3, first_phase_mix={"itm": 1.0}, first_phase_steps=5).tasks == ("itm", "mlm")
+    # no steps (or no mix): the plain schedule
+    assert TaskSchedule(mix, seed=3, first_phase_mix={"itm": 1.0}).tasks_for(1, 50) == plain.tasks_for(1, 50)
+    with pytest.raises(ValueError, match="first_phase_mix: at least one task"):
+        TaskSchedule(mix, seed=3, first_phase_mix={"itm": 0.0}, first_phase_steps=5)
+    with pytest.raises(ValueError, match="first_phase_steps must be >= 0"):
+        TaskSchedule(mix, seed=3, first_phase_mix={"itm": 1.0}, first_phase_steps=-1)
