@@ -31,13 +31,14 @@ class VcrStageConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 250  # optimizer steps
+    steps: int = 350  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 0.5, "mrc": 0.0, "mrc_kl": 0.5, "itm": 2.0}
     )
-    # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER)
-    first_phase_steps: int = 0
+    # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER);
+    # only tasks the mix has on: the phase orders the mix's tasks and never adds one
+    first_phase_steps: int = 100
     first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15

@@ -23,7 +23,7 @@ from pipeline.runinfo import file_digest
 
 FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
         "pretrain.log_every=1", "pretrain.optim.lr=0.005", "pretrain.optim.warmup_steps=2", "pretrain.num_workers=0",
-        "pretrain.vcr.lr=0.002", "pretrain.vcr.warmup_steps=1"]
+        "pretrain.vcr.lr=0.002", "pretrain.vcr.warmup_steps=1", "pretrain.first_phase_steps=0"]
 
 
 def tsv(path: Path) -> list[tuple[int, str]]:
@@ -130,16 +130,26 @@ def test_first_phase_runs_its_own_mix_first(data, tmp_path):
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=6", "pretrain.first_phase_steps=4", "pretrain.val_every=0",
-                        "pretrain.checkpoint_every=0", "pretrain.out_name=phased", "pretrain.mix_ratio={mlm: 1.0}")
+                        "pretrain.checkpoint_every=0", "pretrain.out_name=phased",
+                        "pretrain.mix_ratio={mlm: 3.0, itm: 0.1}")
     run(params)
     report = json.loads((data / "models/phased/eval.json").read_text())
     assert report["first_phase"] == {"steps": 4, "mix_ratio": {"itm": 1.0}}
     counts = json.loads((data / "models/phased/_run.json").read_text())["counts"]["task_steps"]
-    assert counts == {"itm": 4, "mlm": 2}
-    assert counts == TaskSchedule({"mlm": 1.0}, seed=params.seed, first_phase_mix={"itm": 1.0},
-                                  first_phase_steps=4).counts(6)
-    itm_loss = data / "metrics/phased/plots/metrics/train/itm/loss.tsv"
-    assert [step for step, _ in tsv(itm_loss)] == [1, 2, 3, 4]  # log_every=1: ITM ran exactly at steps 1-4
+    expected = TaskSchedule({"mlm": 3.0, "itm": 0.1}, seed=params.seed, first_phase_mix={"itm": 1.0},
+                            first_phase_steps=4).counts(6)
+    assert counts == expected and counts["itm"] >= 4
+    itm_steps = [step for step, _ in tsv(data / "metrics/phased/plots/metrics/train/itm/loss.tsv")]
+    assert itm_steps[:4] == [1, 2, 3, 4]  # log_every=1: ITM ran at steps 1-4
+
+
+def test_first_phase_never_adds_a_task_the_mix_has_off(data):
+    from pipeline.pretrain import run
+
+    run(params_for(data, *FAST, "pretrain.steps=4", "pretrain.first_phase_steps=2", "pretrain.val_every=0",
+                   "pretrain.checkpoint_every=0", "pretrain.out_name=mlm_only", "pretrain.mix_ratio={mlm: 1.0}"))
+    assert json.loads((data / "models/mlm_only/eval.json").read_text())["first_phase"] is None
+    assert json.loads((data / "models/mlm_only/_run.json").read_text())["counts"]["task_steps"] == {"mlm": 4}
 
 
 def test_bad_params_are_named(data):
@@ -201,7 +211,8 @@ def _run_until_killed(cmd: list[str], loss_file: Path, *, kill_after_step: int, 
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_identical_result(data):
-    common = ("pretrain.steps=14", "pretrain.checkpoint_every=4", "pretrain.val_every=7")
+    # the kill and the resumed checkpoint fall inside the ITM-first phase, the end after it
+    common = ("pretrain.steps=14", "pretrain.first_phase_steps=5", "pretrain.checkpoint_every=4", "pretrain.val_every=7")
     _complete(_cli(data, *common, "pretrain.out_name=reference"))
     killed = _cli(data, *common, "pretrain.out_name=killed")
     loss = data / "metrics/killed/plots/metrics/train/loss.tsv"
