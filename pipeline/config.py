@@ -184,7 +184,12 @@ def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
             kwargs[name] = _parse_value(hints[name], raw[name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"missing key {key}")
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    # rules between keys of one section (e.g. a phase no longer than the run): the config says them
+    problems = obj.problems() if hasattr(obj, "problems") else []
+    if problems:
+        raise ParamsError("; ".join(f"{dotted}{key}: {text}" for key, text in problems))
+    return obj
 
 
 def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:

@@ -83,10 +83,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
         val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
-        # the first phase orders the mix's tasks, it never adds one: a task-subset ablation without
-        # ITM stays without ITM (and without a first phase when none of its tasks is left)
-        first_mix = {t: r for t, r in cfg.first_phase_mix.items() if r > 0 and mix.get(t, 0) > 0}
-        first_steps = cfg.first_phase_steps if first_mix else 0
+        first_mix, first_steps = cfg.first_phase()
         drawn = {t for t, r in mix.items() if r > 0}
         if first_steps:
             drawn |= {t for t, r in first_mix.items() if r > 0}
@@ -124,9 +121,6 @@ def check_params(params: Params, plan: StagePlan) -> None:
         raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
     if not any(r > 0 for r in plan.mix_ratio.values()):
         raise ValueError(f"{key}: at least one task needs a ratio > 0")
-    if not 0 <= plan.first_phase_steps <= plan.steps:
-        raise ValueError(f"pretrain.first_phase_steps must be in [0, pretrain.steps={plan.steps}], "
-                         f"got {plan.first_phase_steps}")
     if first and cfg.first_phase_steps:
         unknown = sorted(set(cfg.first_phase_mix) - set(allowed))
         if unknown:

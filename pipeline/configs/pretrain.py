@@ -62,3 +62,21 @@ class PretrainConfig:
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
     optim: OptimConfig = field(default_factory=OptimConfig)
     vcr: VcrStageConfig = field(default_factory=VcrStageConfig)
+
+    def first_phase(self) -> tuple[dict[str, float], int]:
+        """The first phase that actually runs: (mix, steps), ``({}, 0)`` when there is none.
+
+        Only tasks ``mix_ratio`` has on stay in it (it orders the mix's tasks, never adds one), so a
+        task-subset ablation without ITM has no ITM-first phase either."""
+        mix = {t: r for t, r in self.first_phase_mix.items() if r > 0 and self.mix_ratio.get(t, 0) > 0}
+        return (mix, self.first_phase_steps) if mix and self.first_phase_steps else ({}, 0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Rules between keys of this section, as (key, what is wrong); the parser raises on them."""
+        out = []
+        if self.first_phase_steps < 0:
+            out.append(("first_phase_steps", f"must be >= 0, got {self.first_phase_steps}"))
+        elif self.first_phase()[1] > self.steps:
+            out.append(("first_phase_steps", f"{self.first_phase_steps} is more than steps ({self.steps}); "
+                                             "lower it, or set it to 0 for no first phase"))
+        return out

@@ -46,6 +46,8 @@ def test_every_key_in_params_yaml_round_trips():
         ("ingest.datasets=coco", "ingest.datasets: expected a list"),
         ("finetune.per_task.vqa.stepz=1", "unknown key finetune.per_task.vqa.stepz"),
         ("world=moon", "world: expected one of ['mini', 'real']"),
+        ("pretrain.steps=50", "pretrain.first_phase_steps: 100 is more than steps (50)"),
+        ("pretrain.first_phase_steps=-1", "pretrain.first_phase_steps: must be >= 0, got -1"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -53,6 +55,13 @@ def test_bad_values_name_the_key(override, message):
         load_params(PARAMS, [override])
     assert message in str(err.value)
     assert str(PARAMS) in str(err.value)
+
+
+def test_a_first_phase_that_cannot_run_is_not_checked_against_steps():
+    # MLM alone: the ITM-first phase drops out, so a short run is fine
+    params = load_params(PARAMS, ["pretrain.steps=50", "pretrain.mix_ratio={mlm: 1.0}"])
+    assert params.pretrain.first_phase() == ({}, 0)
+    assert load_params(PARAMS).pretrain.first_phase() == ({"itm": 1.0}, 100)
 
 
 def test_missing_key_is_an_error():
