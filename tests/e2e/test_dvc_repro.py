@@ -10,7 +10,7 @@
   and the non-pretrained start).
 
 CI runs the tiny-world tests once through `make test`; the default-params run (marker ``demo``,
-~43 min on 2 cores) runs with `make test-full`. They skip, saying which, while stage modules are
+~47 min on 2 cores) runs with `make test-full`. They skip, saying which, while stage modules are
 missing.
 """
 
