@@ -241,6 +241,8 @@ def test_killed_run_resumes_to_identical_outputs(data):
     subprocess.run(_cli(data, *common), cwd=ROOT, env=_env(), check=True, capture_output=True)
 
     run = json.loads((data / "models/retrieval_flickr/_run.json").read_text())
-    assert run["counts"]["resumed_from_step"]["scratch"] == 3
+    # killed once step 5 was logged: from the step-3 checkpoint, or step 6's when the kill lands a
+    # step late (a tiny-model step is ~0.1 s, the poll's own interval); never from scratch
+    assert run["counts"]["resumed_from_step"]["scratch"] in (3, 6)
     for name, digest in reference.items():
         assert file_digest(data / name) == digest, name
