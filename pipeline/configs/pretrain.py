@@ -34,7 +34,7 @@ class PretrainConfig:
     steps: int = 350  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
-        default_factory=lambda: {"mlm": 2.0, "mrfr": 0.5, "mrc": 0.0, "mrc_kl": 0.5, "itm": 2.0}
+        default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
     )
     # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER);
     # only tasks the mix has on: the phase orders the mix's tasks and never adds one
