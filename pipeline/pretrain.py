@@ -84,9 +84,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
         first_mix, first_steps = cfg.first_phase()
-        drawn = {t for t, r in mix.items() if r > 0}
-        if first_steps:
-            drawn |= {t for t, r in first_mix.items() if r > 0}
+        drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
         eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
     elif stage == "pretrain_vcr":
         name = f"{cfg.out_name}_vcr"
