@@ -99,11 +99,13 @@ def masking_ablation(main: Path, ablation: Path) -> dict[str, Any] | None:
     return {"steps": reports[0].get("steps"), "maskings": sorted(maskings), "metrics": metrics}
 
 
+def _tasks(mix: Mapping[str, float] | None) -> str:
+    """``{"mlm": 2.0, "mrc": 0.0, "itm": 1.0}`` -> ``"itm 1, mlm 2"`` (tasks that are on, by name)."""
+    return ", ".join(f"{k} {v:g}" for k, v in sorted((mix or {}).items()) if v)
+
+
 def _first_phase(first: Mapping[str, Any] | None) -> str:
-    if not first:
-        return ""
-    tasks = ", ".join(f"{k} {v:g}" for k, v in sorted(first["mix_ratio"].items()) if v)
-    return f" (steps 1-{first['steps']}: {tasks})"
+    return f" (steps 1-{first['steps']}: {_tasks(first['mix_ratio'])})" if first else ""
 
 
 def _fmt(value: Any, signed: bool = False) -> str:
@@ -135,7 +137,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     pre = results.get("pretraining")
     if pre:
         s = pre["setting"]
-        mix = ", ".join(f"{k} {v:g}" for k, v in sorted((s.get("mix_ratio") or {}).items()) if v)
+        mix = _tasks(s.get("mix_ratio"))
         lines += ["", "## Pretraining", "",
                   f"{_fmt(s.get('steps'))} steps, {s.get('masking')} masking, WRA {'on' if s.get('wra') else 'off'}, "
                   f"datasets {s.get('datasets')}, tasks: {mix or '–'}{_first_phase(s.get('first_phase'))}.", "",
