@@ -48,7 +48,7 @@ def write_nlvr2(world: World) -> None:
 
 
 def _distinct_statements(rng: np.random.Generator, left: Scene, right: Scene) -> list[tuple[str, bool]]:
-    """Up to ``STATEMENTS_PER_PAIR`` different (sentence, truth) pairs about one image pair, each aimed at a coin flip."""
+    """Up to ``STATEMENTS_PER_PAIR`` different (sentence, truth) pairs about one image pair, truths ~50/50."""
     out: dict[str, bool] = {}
     for _ in range(4 * STATEMENTS_PER_PAIR):
         text, label = nlvr2_statement(rng, left, right, want=bool(rng.random() < 0.5))

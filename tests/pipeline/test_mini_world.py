@@ -11,7 +11,7 @@ import io
 import json
 import pickle
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,9 @@ from PIL import Image
 
 from pipeline.config import load_raw
 from pipeline.mini_world import generate, small_config
+from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE
+from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
+from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE
 from pipeline.runinfo import tree_digest
 
 COLOURS = ("red", "green", "blue", "yellow", "purple")
@@ -378,3 +381,18 @@ def test_vcr_right_choices_agree_with_the_boxes(world_dir, scenes, planted):
         wrong = [c for k, c in enumerate(row["answer_choices"]) if k != row["answer_label"]]
         assert right not in wrong
     assert kinds["colour"] > 5 and kinds["relation"] > 5
+
+
+
+def test_eval_images_carry_several_texts(world_dir, planted):
+    """Bigger eval splits at no extra images: NLVR2 pairs, VCR images and SNLI-VE images carry several texts each."""
+    sentences = defaultdict(list)
+    for row in _jsonl(world_dir, "nlvr2/dev.json", planted) + _jsonl(world_dir, "nlvr2/test1.json", planted):
+        sentences[row["identifier"].rsplit("-", 1)[0]].append(row["sentence"])
+    assert sentences and all(len(set(s)) == len(s) == STATEMENTS_PER_PAIR for s in sentences.values())
+    per_image = Counter(row["img_fn"] for row in _jsonl(world_dir, "vcr/val.jsonl", planted))
+    assert per_image and set(per_image.values()) == {QUESTIONS_PER_IMAGE}
+    premises = defaultdict(set)
+    for row in _jsonl(world_dir, "snli_ve/snli_ve_test.jsonl", planted):
+        premises[row["Flikr30kID"]].add(row["captionID"])
+    assert premises and {len(p) for p in premises.values()} == {PREMISES_PER_IMAGE}
