@@ -390,8 +390,11 @@ def test_eval_images_carry_several_texts(world_dir, planted):
     for row in _jsonl(world_dir, "nlvr2/dev.json", planted) + _jsonl(world_dir, "nlvr2/test1.json", planted):
         sentences[row["identifier"].rsplit("-", 1)[0]].append(row["sentence"])
     assert sentences and all(len(set(s)) == len(s) == STATEMENTS_PER_PAIR for s in sentences.values())
-    per_image = Counter(row["img_fn"] for row in _jsonl(world_dir, "vcr/val.jsonl", planted))
-    assert per_image and set(per_image.values()) == {QUESTIONS_PER_IMAGE}
+    questions = defaultdict(list)
+    for row in _jsonl(world_dir, "vcr/val.jsonl", planted):
+        questions[row["img_fn"]].append(json.dumps(row["question"]))
+    assert questions and all(len(set(q)) == len(q) <= QUESTIONS_PER_IMAGE for q in questions.values())
+    assert sum(len(q) == QUESTIONS_PER_IMAGE for q in questions.values()) > len(questions) / 2
     premises = defaultdict(set)
     for row in _jsonl(world_dir, "snli_ve/snli_ve_test.jsonl", planted):
         premises[row["Flikr30kID"]].add(row["captionID"])
