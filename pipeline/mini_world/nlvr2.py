@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
-from pipeline.mini_world.scenes import Scene
 from pipeline.mini_world.task_text import nlvr2_statement
 from pipeline.mini_world.urlforms import web_url
-from pipeline.mini_world.world import World, insert_randomly, split_plan
+from pipeline.mini_world.world import World, distinct_draws, insert_randomly, split_plan
 
 FILE_SPLIT = {"train": "train", "dev": "dev", "test1": "test"}  # file/dir name -> manifest split name
 # Real NLVR2 pairs each sentence with several image pairs; here each pair gets several distinct sentences. Two per
@@ -35,7 +32,11 @@ def write_nlvr2(world: World) -> None:
         urls = [web_url(rng, with_query=bool(rng.random() < 0.5) or (force and side == 0)) for side in (0, 1)]
         if "?" in urls[0] and FILE_SPLIT[fsplit] != "train":
             query_left.append((recs[0].key, urls[0]))
-        for k, (text, label) in enumerate(_distinct_statements(text_rng, recs[0].scene, recs[1].scene)):
+        left, right = recs[0].scene, recs[1].scene
+        statements = distinct_draws(
+            lambda: nlvr2_statement(text_rng, left, right, want=bool(text_rng.random() < 0.5)),
+            key=lambda st: st[0], n=STATEMENTS_PER_PAIR)
+        for k, (text, label) in enumerate(statements):
             lines[fsplit].append(_line({
                 "extra_validations": {}, "identifier": f"{fsplit}-{set_id}-0-{k}", "label": str(label),
                 "left_url": urls[0], "query": "shapes", "right_url": urls[1], "sentence": text,
@@ -45,17 +46,6 @@ def write_nlvr2(world: World) -> None:
         world.write_lines(f"nlvr2/{fsplit}.json", rows)
         world.counts[f"nlvr2_{fsplit}_statements"] = len(rows)
     world.info["nlvr2"] = {"query_left": query_left}
-
-
-def _distinct_statements(rng: np.random.Generator, left: Scene, right: Scene) -> list[tuple[str, bool]]:
-    """Up to ``STATEMENTS_PER_PAIR`` different (sentence, truth) pairs about one image pair, truths ~50/50."""
-    out: dict[str, bool] = {}
-    for _ in range(4 * STATEMENTS_PER_PAIR):
-        text, label = nlvr2_statement(rng, left, right, want=bool(rng.random() < 0.5))
-        out.setdefault(text, label)
-        if len(out) == STATEMENTS_PER_PAIR:
-            break
-    return list(out.items())
 
 
 def _plant_defects(world: World, rng, lines: dict[str, list[bytes]]) -> None:

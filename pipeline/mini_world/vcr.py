@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
-from pipeline.mini_world.scenes import Scene
-from pipeline.mini_world.task_text import VcrItem, vcr_item
-from pipeline.mini_world.world import World, insert_randomly, split_plan
+from pipeline.mini_world.task_text import vcr_item
+from pipeline.mini_world.world import World, distinct_draws, insert_randomly, split_plan
 
 # Up to six different questions per image (fewer when the scene has fewer), so that val holds ~120: with
 # two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin (README).
@@ -39,7 +36,9 @@ def write_vcr(world: World) -> None:
         world.use(rec.key, "vcr", split)
         if split == "train":
             train_images.append(rec.key)
-        for q, item in enumerate(_distinct_items(text_rng, rec.scene)):
+        items = distinct_draws(lambda: vcr_item(text_rng, rec.scene), key=lambda it: json.dumps(it.question),
+                               n=QUESTIONS_PER_IMAGE)
+        for q, item in enumerate(items):
             row = {"annot_id": f"{split}-{len(lines[split])}", "answer_choices": item.answers,
                    "answer_label": item.answer_label, "img_fn": img_fn, "img_id": f"{split}-{idx}",
                    "metadata_fn": metadata_fn, "movie": movie, "objects": [o.shape for o in objs],
@@ -52,17 +51,6 @@ def write_vcr(world: World) -> None:
     for split, rows in lines.items():
         world.write_lines(f"vcr/{split}.jsonl", rows)
         world.counts[f"vcr_{split}_questions"] = len(rows)
-
-
-def _distinct_items(rng: np.random.Generator, scene: Scene) -> list[VcrItem]:
-    """Up to ``QUESTIONS_PER_IMAGE`` items about one image, no question asked twice."""
-    items: dict[str, VcrItem] = {}
-    for _ in range(4 * QUESTIONS_PER_IMAGE):
-        item = vcr_item(rng, scene)
-        items.setdefault(json.dumps(item.question), item)
-        if len(items) == QUESTIONS_PER_IMAGE:
-            break
-    return list(items.values())
 
 
 def _plant_defects(world: World, rng, lines: dict[str, list[bytes]], train_images: list[str]) -> None:

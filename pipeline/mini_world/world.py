@@ -13,13 +13,15 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Hashable, Mapping, TypeVar
 
 import numpy as np
 
 from pipeline.configs.world import MiniWorldConfig
 from pipeline.mini_world.render import PhashRegistry, phash_distance, reencode
 from pipeline.mini_world.scenes import Scene, dataset_rng, sample_scene
+
+T = TypeVar("T")
 from pipeline.mini_world.urlforms import PhotoIds
 
 
@@ -194,3 +196,15 @@ def insert_randomly(rng: np.random.Generator, rows: list, extra: list) -> list:
     for item in extra:
         out.insert(int(rng.integers(0, len(out) + 1)), item)
     return out
+
+
+def distinct_draws(draw: Callable[[], T], key: Callable[[T], Hashable], n: int) -> list[T]:
+    """Up to ``n`` results of ``draw()`` with different ``key``s, in draw order; gives up after ``4 n`` draws
+    (a scene may not have ``n`` different texts to say)."""
+    out: dict[Hashable, T] = {}
+    for _ in range(4 * n):
+        item = draw()
+        out.setdefault(key(item), item)
+        if len(out) == n:
+            break
+    return list(out.values())
