@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pipeline.configs import must_exist
 
@@ -33,6 +34,8 @@ class MiniWorldConfig:
     n_vqa_test: int = 50  # COCO test2015 images carrying the VQA test questions
     vqa_questions_per_image: int = 3
     n_refcoco_images: int = 120  # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
+    # naming: expressions the detector's class names answer; comparing: comparing ones first where a scene has them
+    refcoco_expressions: Literal["naming", "comparing"] = "naming"
 
 
 @dataclass(frozen=True)

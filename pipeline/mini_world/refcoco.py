@@ -1,6 +1,7 @@
 """RefCOCO+ (UNC splits): ``refs(unc).p`` (a pickle of plain dicts) + ``instances.json`` over COCO
 train2014 images. Expressions use appearance words only; testA/testB split targets by shape group
-(the mini analogue of people vs. other objects)."""
+(the mini analogue of people vs. other objects). ``mini_world.refcoco_expressions: comparing`` adds
+expressions that compare regions (``task_text.comparing_expressions``)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def write_refcoco(world: World) -> None:
         for t, obj in enumerate(scene.objects):
             if split == "testA" and obj.shape not in TEST_A_SHAPES or split == "testB" and obj.shape in TEST_A_SHAPES:
                 continue
-            exps = referring_expressions(rng, scene, t)
+            exps = referring_expressions(rng, scene, t, comparing=cfg.refcoco_expressions == "comparing")
             if not exps:
                 continue
             ann_id = coco["ann_ids"][key][t]

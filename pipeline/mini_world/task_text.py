@@ -193,11 +193,31 @@ def snli_hypothesis(rng: np.random.Generator, scene: Scene, label: str) -> str:
 
 
 # ------------------------------------------------------------------ RefCOCO+
-def referring_expressions(rng: np.random.Generator, scene: Scene, target: int) -> list[str]:
-    """Appearance-only expressions (RefCOCO+ forbids location words) naming ``target`` uniquely.
+SIZE_MARGIN = 1.3  # "bigger"/"biggest" only when the areas differ by this factor
 
-    Empty when no appearance words single the object out (same colour, shape and similar size).
+
+def referring_expressions(rng: np.random.Generator, scene: Scene, target: int, *, comparing: bool = False) -> list[str]:
+    """1-3 appearance-only expressions (RefCOCO+ forbids location words) naming ``target`` uniquely.
+
+    With ``comparing``, expressions that compare regions come first whenever the scene has any
+    (real RefCOCO+ is collected on images with several objects of the target's category, so its
+    expressions mostly tell the target apart from its own kind). Empty when no appearance words
+    single the object out.
     """
+    naming = naming_expressions(scene, target)
+    if not comparing:
+        exps = [naming[int(i)] for i in rng.permutation(len(naming))]
+    else:
+        compared = comparing_expressions(scene, target)
+        exps = [compared[int(i)] for i in rng.permutation(len(compared))]
+        exps += [naming[int(i)] for i in rng.permutation(len(naming))]
+    k = int(rng.integers(1, 4))
+    return exps[:k]
+
+
+def naming_expressions(scene: Scene, target: int) -> list[str]:
+    """Expressions the detector's class name ("red circle") answers on its own, plus the size word
+    between two of a kind."""
     objs = scene.objects
     o = objs[target]
     same_kind = [p for p in objs if p.colour == o.colour and p.shape == o.shape]
@@ -211,10 +231,34 @@ def referring_expressions(rng: np.random.Generator, scene: Scene, target: int) -
         exps.append(f"the {o.colour} {o.shape}")
     elif len(same_kind) == 2:
         other = same_kind[0] if same_kind[1] is o else same_kind[1]
-        if o.area > 1.3 * other.area:
+        if o.area > SIZE_MARGIN * other.area:
             exps += [f"bigger {o.colour} {o.shape}", f"large {o.colour} {o.shape}"]
-        elif other.area > 1.3 * o.area:
+        elif other.area > SIZE_MARGIN * o.area:
             exps += [f"smaller {o.colour} {o.shape}", f"small {o.colour} {o.shape}"]
-    order = rng.permutation(len(exps))
-    k = int(rng.integers(1, 4))
-    return [exps[int(i)] for i in order[:k]]
+    return exps
+
+
+def comparing_expressions(scene: Scene, target: int) -> list[str]:
+    """Expressions that need regions compared, which no single class name answers: the biggest or
+    smallest of a shape or a colour, and "the same colour / shape as" another object."""
+    objs = scene.objects
+    o = objs[target]
+    exps: list[str] = []
+    for group, noun in (([p for p in objs if p.shape == o.shape], o.shape),
+                        ([p for p in objs if p.colour == o.colour], f"{o.colour} one")):
+        others = [p.area for p in group if p is not o]
+        if others and o.area > SIZE_MARGIN * max(others):
+            exps.append(f"biggest {noun}")
+        elif others and SIZE_MARGIN * o.area < min(others):
+            exps.append(f"smallest {noun}")
+    if scene.count(colour=o.colour, shape=o.shape) > 1:
+        return exps
+    for p in objs:
+        # the anchor is named by the one word unique to it; the target shares the other one with it
+        if p.shape != o.shape and p.colour == o.colour \
+                and scene.count(shape=p.shape) == 1 < scene.count(shape=o.shape):
+            exps.append(f"{o.shape} the same colour as the {p.shape}")
+        if p.colour != o.colour and p.shape == o.shape \
+                and scene.count(colour=p.colour) == 1 < scene.count(colour=o.colour):
+            exps.append(f"{o.colour} one the same shape as the {p.colour} one")
+    return exps

@@ -318,10 +318,41 @@ def test_snli_ve_labels_follow_from_the_image(world_dir, scenes, planted):
     assert labels["entailment"] == labels["neutral"] == labels["contradiction"] > 30
 
 
-def test_refcoco_expressions_pick_out_their_object(world_dir, scenes):
+def _area(o: dict) -> int:
+    return (o["box"][2] - o["box"][0]) * (o["box"][3] - o["box"][1])
+
+
+def _referents(words: list[str], objs: list[dict]) -> list[dict]:
+    """The objects a RefCOCO+ expression can mean, read from the scene alone."""
+    if "same" in words:  # "<shape> the same colour as the <shape>" / "<colour> one the same shape as the <colour> one"
+        head, anchor_words = words[: words.index("same") - 1], words[words.index("as") + 2:]
+        attr = words[words.index("same") + 1]
+        anchors = [o for o in objs if all(o["shape"] == w or o["colour"] == w for w in anchor_words if w != "one")]
+        assert len(anchors) == 1, words
+        want = {"shape": head[0]} if head[0] in SHAPES else {"colour": head[0]}
+        want[attr] = anchors[0][attr]
+        return [o for o in objs if all(o[k] == v for k, v in want.items())]
+    colour = next((w for w in words if w in COLOURS), None)
+    shape = next((w for w in words if w in SHAPES), None)
+    cands = [o for o in objs if (colour is None or o["colour"] == colour) and (shape is None or o["shape"] == shape)]
+    if words[0] in ("biggest", "smallest"):  # of all that share the shape (or colour), clearly
+        ranked = sorted(cands, key=_area, reverse=words[0] == "biggest")
+        assert len(ranked) > 1, words
+        first, second = _area(ranked[0]), _area(ranked[1])
+        assert max(first, second) > 1.3 * min(first, second), words
+        return ranked[:1]
+    if len(cands) > 1:  # "bigger/smaller" decide between two of a kind
+        pick = max if words[0] in ("bigger", "large") else min
+        assert len(cands) == 2 and words[0] in ("bigger", "large", "smaller", "small"), words
+        cands = [pick(cands, key=_area)]
+    return cands
+
+
+def _check_refcoco_expressions(world_dir: Path, scenes: dict) -> Counter:
+    """Every expression means its target and nothing else; returns the count per first word."""
     refs = pickle.loads((world_dir / "refcoco+/refs(unc).p").read_bytes())
     anns = {a["id"]: a for a in json.loads((world_dir / "refcoco+/instances.json").read_text())["annotations"]}
-    checked = 0
+    first_words = Counter()
     for r in refs:
         if "ann_id" not in r:
             continue
@@ -333,17 +364,23 @@ def test_refcoco_expressions_pick_out_their_object(world_dir, scenes):
             if not words:
                 continue
             assert not {"left", "right", "top", "bottom", "above", "below"} & set(words)  # RefCOCO+: no location
-            colour = next((w_ for w_ in words if w_ in COLOURS), None)
-            shape = next((w_ for w_ in words if w_ in SHAPES), None)
-            cands = [o for o in objs if (colour is None or o["colour"] == colour) and (shape is None or o["shape"] == shape)]
-            if len(cands) > 1:  # "bigger/smaller" decide between two of a kind
-                size = lambda o: (o["box"][2] - o["box"][0]) * (o["box"][3] - o["box"][1])  # noqa: E731
-                pick = max if words[0] in ("bigger", "large") else min
-                assert len(cands) == 2 and words[0] in ("bigger", "large", "smaller", "small"), s["sent"]
-                cands = [pick(cands, key=size)]
-            assert cands == [target], (s["sent"], r["ref_id"])
-            checked += 1
-    assert checked > 50
+            assert _referents(words, objs) == [target], (s["sent"], r["ref_id"])
+            first_words["same" if "same" in words else words[0]] += 1
+    return first_words
+
+
+def test_refcoco_expressions_pick_out_their_object(world_dir, scenes):
+    first_words = _check_refcoco_expressions(world_dir, scenes)
+    assert sum(first_words.values()) > 50
+    assert not {"biggest", "smallest", "same"} & set(first_words)  # the default names, it does not compare
+
+
+def test_comparing_refcoco_expressions_pick_out_their_object(tmp_path):
+    out = tmp_path / "world"
+    generate(small_config(out, refcoco_expressions="comparing"), 1234, progress=False)
+    first_words = _check_refcoco_expressions(out, json.loads((out / "scenes.json").read_text()))
+    compared = first_words["biggest"] + first_words["smallest"] + first_words["same"]
+    assert first_words["same"] > 0 and compared > 0.15 * sum(first_words.values()), first_words
 
 
 def _relation(a: dict, b: dict) -> str:
