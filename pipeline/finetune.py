@@ -160,6 +160,9 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
         summary[key] = entry
     record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
                               "chance": dict(sorted(chance.items()))}
+    references = task.references()
+    if references:
+        record["references"] = references
     for init, outcome in outcomes.items():
         record[init] = outcome.metrics
         if outcome.zero_shot is not None:

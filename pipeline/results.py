@@ -11,8 +11,10 @@ experiment) and ``data/reports/results.md``:
    the gain, the chance level and, for retrieval, zero-shot;
 2. the Meta-Sum: the sum of those scores (UNITER's Table 2 sums VQA, IR, TR, NLVR2 and RefCOCO+;
    ours adds VCR and SNLI-VE, so compare Meta-Sums of this pipeline with each other only);
-3. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it;
-4. the masking ablation: the held-out metrics of the first stage and of the same run with the
+3. reference levels: model-free scores a task defines beside its main metric (RefCOCO+: the class
+   oracle), with both starts' scores next to them;
+4. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it;
+5. the masking ablation: the held-out metrics of the first stage and of the same run with the
    other masking (stage ``pretrain_masking``), measured on the same held-out batches.
 
 ``python -m pipeline report results [--exps]`` shows the same table, or several experiments side
@@ -62,7 +64,18 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         meta_sum[column] = round(sum(values), 4) if rows and all(v is not None for v in values) else None
     if meta_sum["pretrained"] is not None and meta_sum["scratch"] is not None:
         meta_sum["gain"] = round(meta_sum["pretrained"] - meta_sum["scratch"], 4)
-    return {"rows": rows, "meta_sum": meta_sum}
+    return {"rows": rows, "meta_sum": meta_sum, "references": reference_rows(records, rows)}
+
+
+def reference_rows(records: Mapping[str, Mapping[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (summary row, task reference level that scores its metric), beside both starts."""
+    out = []
+    for r in rows:
+        for name, ref in (records[r["task"]].get("references") or {}).items():
+            if r["metric"] in ref:
+                out.append({"task": r["task"], "metric": r["metric"], "reference": name, "label": ref.get("label"),
+                            "value": ref[r["metric"]], "pretrained": r["pretrained"], "scratch": r["scratch"]})
+    return out
 
 
 def pretraining_report(path: Path) -> dict[str, Any] | None:
@@ -134,6 +147,16 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     lines += ["", "The Meta-Sum adds every row (retrieval contributes image and text R@1, as in UNITER's Table 2, "
               "which sums VQA, IR, TR, NLVR2 and RefCOCO+; VCR and SNLI-VE are added here), so it compares runs "
               "of this pipeline with each other, not with the paper's numbers."]
+    refs = results.get("references")
+    if refs:
+        lines += ["", "## Reference levels", "",
+                  "Model-free scores on the same examples, beside both starts: what a shortcut alone scores "
+                  "(RefCOCO+: naming the target's detector class). Where one is near 100, the task asks for little "
+                  "beyond the shortcut and neither start has room to show a gain.", "",
+                  "| task | metric | reference | score | pretrained | scratch |", "|---|---|---|---:|---:|---:|"]
+        for r in refs:
+            lines.append(f"| {r['task']} | `{r['metric']}` | {r['label'] or r['reference']} | {_fmt(r['value'])} "
+                         f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} |")
     pre = results.get("pretraining")
     if pre:
         s = pre["setting"]

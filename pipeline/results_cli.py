@@ -48,6 +48,10 @@ def results_table(results: Mapping[str, Any]) -> Table:
     m = results["meta_sum"]
     table.add_row("Meta-Sum", f"{m['terms']} scores", _fmt(m["pretrained"]), _fmt(m["scratch"]), _fmt(m.get("gain")),
                   "", _fmt(m["chance"]), style="bold")
+    refs = [f"{r['task']} {r['metric']}: {r['reference'].replace('_', ' ')} {_fmt(r['value'])}"
+            for r in results.get("references") or []]
+    if refs:
+        table.caption = "reference levels (model-free): " + "; ".join(refs)
     return table
 
 

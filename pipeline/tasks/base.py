@@ -166,6 +166,11 @@ class FinetuneTask:
         """Chance level of each ``summary`` metric ({"split/metric": percent})."""
         raise NotImplementedError
 
+    def references(self) -> dict[str, dict[str, Any]]:
+        """Model-free reference levels beyond chance, by name: ``{"label": what it is, "split/metric":
+        percent, ...}`` (RefCOCO+: the class oracle). Empty for most tasks."""
+        return {}
+
     def model_info(self) -> dict[str, Any]:
         """What else it takes to rebuild the head (model_config.json ``task``)."""
         return {}

@@ -7,6 +7,9 @@ Training uses the ground-truth boxes (CE over regions, target ``target_index``).
 every split twice: over the ground-truth boxes (``gt_accuracy``) and over the detector's boxes
 (``det_accuracy``), taking the highest-scoring region's box. Chance level: the expected accuracy
 of picking a region uniformly at random (the share of regions at IoU >= 0.5), per split and mode.
+Reference level (``references``): the class oracle, which is told the target's detector class and
+picks the most confident box of that class. It scores what naming the class alone can score: where
+it is near 100, the expressions ask for nothing beyond the class and no start can gain much.
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(-1)
     area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(-1)
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
+
+
+def class_oracle_pick(soft_labels: np.ndarray, target_class: int) -> int:
+    """The region the class oracle picks: the most confident one whose top class is ``target_class``.
+
+    soft_labels: [n, C] each region's class distribution. Returns its index, or -1 if no region's
+    top class is ``target_class``.
+    """
+    probs = np.asarray(soft_labels, np.float64)
+    same = np.flatnonzero(probs.argmax(1) == target_class)
+    return int(same[probs[same, target_class].argmax()]) if len(same) else -1
 
 
 class RefcocoPlusTask(FinetuneTask):
@@ -126,3 +140,27 @@ class RefcocoPlusTask(FinetuneTask):
                     shares.append(float((box_iou(boxes, db[e]["target_box"])[:, 0] >= IOU_THRESHOLD).mean()))
                 out[f"{split}/{mode}_accuracy"] = percent(sum(shares), len(shares))
         return out
+
+    def references(self) -> dict[str, dict[str, Any]]:
+        """The class oracle's accuracy per split and mode. The target's class is the top class of its
+        ground-truth box; an expression whose target is not a ground-truth box counts as a miss."""
+        oracle: dict[str, Any] = {"label": "class oracle (told the target's detector class, picks the most "
+                                           "confident box of that class)"}
+        for split in EVAL_SPLITS:
+            db = self.db(f"refcoco_plus_{split}")
+            hits = dict.fromkeys(MODES, 0)
+            for e in db.ids:
+                rec = db[e]
+                target_index = int(rec["target_index"])
+                if target_index < 0:
+                    continue
+                gt = self.img_dbs[self.images(db, e, "gt")[0]]
+                target_class = int(np.asarray(gt["soft_labels"])[target_index].argmax())
+                for mode in MODES:
+                    regions = gt if mode == "gt" else self.img_dbs[self.images(db, e, mode)[0]]
+                    pick = class_oracle_pick(regions["soft_labels"], target_class)
+                    hits[mode] += int(pick >= 0 and box_iou(regions["boxes"][pick], rec["target_box"])[0, 0]
+                                      >= IOU_THRESHOLD)
+            for mode in MODES:
+                oracle[f"{split}/{mode}_accuracy"] = percent(hits[mode], len(db.ids))
+        return {"class_oracle": oracle}

@@ -100,12 +100,51 @@ def test_task_specific_outputs(data, finished):
     ref = finished["refcoco_plus"]["pretrained"]
     assert set(ref) == {"val", "testA", "testB"}
     assert all({"gt_accuracy", "det_accuracy"} <= set(m) for m in ref.values())
+    oracle = finished["refcoco_plus"]["references"]["class_oracle"]
+    assert oracle.pop("label").startswith("class oracle")
+    assert oracle == pytest.approx(class_oracle_by_hand(data), abs=1e-3)
 
     retrieval = finished["retrieval_flickr"]
     assert set(retrieval["zero_shot"]["test"]) >= {"ir_r1", "ir_r5", "ir_r10", "tr_r1", "tr_r5", "tr_r10", "r_mean"}
     assert retrieval["summary"]["test/ir_r1"]["zero_shot"] == retrieval["zero_shot"]["test"]["ir_r1"]
     images = retrieval["pretrained"]["test"]["images"]
     assert retrieval["chance"]["test/ir_r1"] == pytest.approx(100.0 / images, abs=1e-3)
+
+
+def class_oracle_by_hand(data: Path) -> dict[str, float]:
+    """RefCOCO+'s class oracle recomputed from the DBs: per expression, the top class of the target's
+    ground-truth box, then the most confident box (ground-truth or detected) with that top class."""
+    import numpy as np
+
+    from pipeline.stores import ImageDbGroup, TextDb
+
+    def iou(a, b) -> float:
+        w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+        h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+        area = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
+        return w * h / area
+
+    out = {}
+    gt_db = TextDb(data / "db" / "txt" / "refcoco_plus_train").meta["gt_img_db"]
+    group = ImageDbGroup(data / "db" / "img", ["coco", gt_db])
+    for split in ("val", "testA", "testB"):
+        db = TextDb(data / "db" / "txt" / f"refcoco_plus_{split}")
+        hits = {"gt": 0, "det": 0}
+        for e in db.ids:
+            rec, (image,) = db[e], db.txt2img[e]
+            if int(rec["target_index"]) < 0:
+                continue
+            gt = group[f"{gt_db}/{image.partition('/')[2]}"]
+            cls = int(np.argmax(gt["soft_labels"][int(rec["target_index"])]))
+            for mode, regions in (("gt", gt), ("det", group[image])):
+                best, best_p = None, -1.0
+                for box, probs in zip(regions["boxes"], regions["soft_labels"]):
+                    if int(np.argmax(probs)) == cls and float(probs[cls]) > best_p:
+                        best, best_p = box, float(probs[cls])
+                hits[mode] += best is not None and iou(best.tolist(), list(rec["target_box"])) >= 0.5
+        for mode in hits:
+            out[f"{split}/{mode}_accuracy"] = round(100.0 * hits[mode] / len(db.ids), 4)
+    return out
 
 
 @pytest.mark.parametrize("variant", ["triplet", "pair"])

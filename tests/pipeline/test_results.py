@@ -105,6 +105,31 @@ def test_masking_ablation_table_from_both_first_stage_reports(tmp_path):
     assert "## Masking ablation" not in (data / "reports" / "results.md").read_text()
 
 
+def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
+    from pipeline.results import run
+
+    data = tmp_path / "data"
+    refcoco = {"task": "refcoco_plus", "steps": 60, "chance": {"val/det_accuracy": 24.9},
+               "summary": {"val/det_accuracy": {"label": "RefCOCO+ val", "pretrained": 92.8571, "scratch": 96.4286,
+                                                "gain": -3.5715, "chance": 24.9}},
+               "references": {"class_oracle": {"label": "class oracle", "val/det_accuracy": 96.4286,
+                                               "val/gt_accuracy": 100.0}}}
+    write_metrics(data, VQA, refcoco)
+    results = run(params_for(data, "finetune.tasks=[vqa, refcoco_plus]"))
+    assert results["references"] == [{"task": "refcoco_plus", "metric": "val/det_accuracy", "reference": "class_oracle",
+                                      "label": "class oracle", "value": 96.4286, "pretrained": 92.8571,
+                                      "scratch": 96.4286}]
+    md = (data / "reports" / "results.md").read_text()
+    assert "## Reference levels" in md
+    assert "| refcoco_plus | `val/det_accuracy` | class oracle | 96.43 | 92.86 | 96.43 |" in md
+    assert results["meta_sum"]["terms"] == 2  # a reference is not a scored row
+    code, out = _report(["--dir", str(data)])
+    assert code == 0 and "refcoco_plus val/det_accuracy: class oracle 96.43" in " ".join(out.split())
+    write_metrics(data, {**refcoco, "references": {}})
+    assert run(params_for(data, "finetune.tasks=[vqa, refcoco_plus]"))["references"] == []
+    assert "## Reference levels" not in (data / "reports" / "results.md").read_text()
+
+
 def test_missing_task_metrics_name_the_stage(tmp_path):
     from pipeline.results import run
 

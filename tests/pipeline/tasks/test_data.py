@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.tasks.data import collate_rows, mix_seed, row, text_row
-from pipeline.tasks.refcoco_plus import box_iou
+from pipeline.tasks.refcoco_plus import box_iou, class_oracle_pick
 
 SPECIAL = {"cls": 101, "sep": 102}
 
@@ -51,3 +51,14 @@ def test_box_iou_by_hand():
     # identical; half overlap: 50 / 150; touching corner; contained quarter; contained 4/100
     assert box_iou(a, b)[0] == pytest.approx([1.0, 1 / 3, 0.0, 0.25, 0.04])
     assert box_iou(b[1], a).shape == (1, 1)
+
+
+def test_class_oracle_picks_the_most_confident_region_of_the_class():
+    soft = np.array([[0.1, 0.6, 0.3],   # top class 1, p=0.6
+                     [0.0, 0.8, 0.2],   # top class 1, p=0.8: the pick for class 1
+                     [0.1, 0.4, 0.5],   # top class 2 (class 1 at 0.4 does not count: not its top class)
+                     [0.7, 0.2, 0.1]])  # background
+    assert class_oracle_pick(soft, 1) == 1
+    assert class_oracle_pick(soft, 2) == 2
+    assert class_oracle_pick(soft, 0) == 3
+    assert class_oracle_pick(soft[[0, 3]], 2) == -1  # no region of that class
