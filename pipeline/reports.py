@@ -18,6 +18,7 @@ import base64
 import html
 import io
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -28,6 +29,8 @@ CHART_SUFFIX = ".reasons.svg"
 SUMMARY_FILE = "summary.json"
 THUMB_PX = 128
 MAX_EVAL_THUMBS = 3
+# characters Markdown acts on inside a table cell: escapes, code spans, emphasis, links, cell breaks
+_MD_ACTIVE = re.compile(r"([\\`*_\[\]|])")
 
 
 def pick_samples(removed: list[dict], n: int) -> list[dict]:
@@ -130,9 +133,21 @@ def _count_rows(report: Mapping) -> list[tuple[str, int]]:
     ]
 
 
+def md_text(value: object) -> str:
+    """Input text (a URL, an image id) as inert Markdown on one line: HTML-escaped, so a
+    ``<script>`` URL shows as text where renderers allow HTML, and Markdown syntax backslash-escaped,
+    so a ``|`` or a backtick cannot break a table cell or open a code span."""
+    text = html.escape(re.sub(r"[\r\n]+", " ", str(value)), quote=False)
+    return _MD_ACTIVE.sub(r"\\\1", text)
+
+
 def render_markdown(report: Mapping, samples: list[dict]) -> str:
-    """The report as Markdown: counts, reasons, and a table of sample removed images."""
-    ds = report["dataset"]
+    """The report as Markdown: counts, reasons, and a table of sample removed images.
+
+    Text that came from the inputs (dataset name, image ids, URLs, matched eval refs) goes through
+    :func:`md_text`; counts and reason names are ours.
+    """
+    ds = md_text(report["dataset"])
     lines = [f"# Cleaning report: {ds}", "",
              "input_rows = kept_rows + removed_rows + rejected_rows "
              f"({report['input_rows']} = {report['kept_rows']} + {report['removed_rows']} + "
@@ -147,8 +162,9 @@ def render_markdown(report: Mapping, samples: list[dict]) -> str:
     if samples:
         lines += ["| image_id | reason | url | matched_eval |", "|---|---|---|---|"]
         for s in samples:
-            cells = [s["image_id"], s["reason"], s["url"] or "", ", ".join(s["matched_eval"])]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            cells = [md_text(s["image_id"]), s["reason"], md_text(s["url"] or ""),
+                     md_text(", ".join(s["matched_eval"]))]
+            lines.append("| " + " | ".join(cells) + " |")
     else:
         lines.append("No image was removed.")
     return "\n".join(lines) + "\n"

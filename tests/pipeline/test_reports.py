@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import re
@@ -57,6 +58,27 @@ def test_markdown_lists_counts_reasons_and_escaped_samples():
     order = [line.split("|")[1].strip() for line in md.splitlines() if line.split("|")[1:2]
              and line.split("|")[1].strip() in REMOVAL_REASONS]
     assert order == list(REMOVAL_REASONS)
+
+
+def test_markdown_shows_hostile_urls_as_text_and_keeps_the_table(tmp_path):
+    from markdown_it import MarkdownIt
+
+    url = "http://evil.example/<script>alert(1)</script>?a=1|b=`x`&c=[l](j)"
+    rep = make_report(removed=[{"image_id": "i|d<b>", "url": url, "reason": "canonical_url",
+                                "matched_eval": ["coco/test/4"]}])
+    reports.write_cleaning_report(tmp_path, rep, rep["removed"], eval_paths={}, ref_images={})
+    md = (tmp_path / "cc.md").read_text()
+    assert "<script" not in md and "<b>" not in md
+    # rendered by CommonMark with tables and raw HTML allowed: the URL is text in its own cell
+    page = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    last_table = page.rsplit("<table>", 1)[1]
+    cells = re.findall(r"<td>(.*?)</td>", last_table.split("<tbody>", 1)[1], re.S)
+    assert len(cells) == 4, cells
+    assert cells[0] == "i|d&lt;b&gt;" and cells[1] == "canonical_url"
+    assert html.unescape(cells[2]) == url and "<a " not in cells[2]  # no link, no code span
+    # the .html page escapes the same URL
+    assert "<script" not in (tmp_path / "cc.html").read_text()
 
 
 def test_html_shows_chart_and_thumbnails_beside_the_matched_eval_image(tmp_path):
