@@ -1,6 +1,8 @@
 """``python -m pipeline <stage> [ITEM] [--params params.yaml] [--set a.b=value ...]``.
 
-The single entry used identically by DVC (``dvc.yaml``), Airflow (``dags/``) and people.
+The single entry used identically by DVC (``dvc.yaml``), Airflow (``dags/``) and people. Each stage
+runs holding its output lock (:mod:`pipeline.locking`): a second run of the same stage waits for the
+first, or exits with status 3 when ``UNITER_LOCK_WAIT=0``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="stages:\n"
         + "\n".join(f"  {s.name:<15} {s.help}" + (f" (ITEM = {s.item})" if s.item else "") for s in STAGES.values())
         + "\n\ntools:\n"
-        + "\n".join(f"  {s.name:<15} {s.help}" for s in TOOLS.values()),
+        + "\n".join(f"  {s.name:<15} {s.help}" for s in TOOLS.values())
+        + "\n\nA stage waits while another run of it writes the same outputs; UNITER_LOCK_WAIT=0 exits "
+          "with status 3 instead (N: wait at most N seconds).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for stage in STAGES.values():
@@ -55,15 +59,36 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from pipeline.locking import BUSY_EXIT, PRETRAIN_OUTPUTS, LockBusy, stage_locks, wait_from_env
+
+    try:
+        wait = wait_from_env()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     stage = STAGES[args.command]
+    item = args.item if stage.item else None
+    # one writer per output: a retry or a second terminal waits here (or exits 3) instead of
+    # racing the running one; see pipeline/locking.py for the keys
+    out_name = params.pretrain.out_name if args.command in PRETRAIN_OUTPUTS else None
+    try:
+        with stage_locks(params.paths.data, args.command, item, out_name=out_name, wait=wait):
+            _run_stage(stage, params, item)
+    except LockBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return BUSY_EXIT
+    return 0
+
+
+def _run_stage(stage, params, item: str | None) -> None:
+    """Import the stage's module and call its entry (with ITEM for item stages); logs the wall time."""
     func = resolve(stage.entry)
     start = time.time()
     if stage.item:
-        func(params, args.item)
+        func(params, item)
     else:
         func(params)
-    logging.getLogger("pipeline").info("%s finished in %.1fs", args.command, time.time() - start)
-    return 0
+    logging.getLogger("pipeline").info("%s finished in %.1fs", stage.name, time.time() - start)
 
 
 if __name__ == "__main__":
