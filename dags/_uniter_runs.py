@@ -1,7 +1,8 @@
 """What an Airflow pretraining run needs beyond wiring: its run directory, its params file, and
 running one stage exactly as DVC does (``python -m pipeline <stage> [ITEM] --params FILE``).
 
-A run lives in ``<paths.runs>/<run_name>/``: ``params.yaml`` (the repo's params with the trigger's
+A run lives in ``<runs>/<run_name>/``, ``<runs>`` being ``$UNITER_RUNS_DIR`` or params.yaml's
+``paths.runs``: ``params.yaml`` (the repo's params with the trigger's
 choices applied and every artifact path moved inside the run), ``conf.json`` (the run's DAG
 params: the trigger conf over the defaults), ``data/`` (every stage output) and, at the end,
 ``outputs.json`` (a digest per output).
@@ -32,11 +33,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-# a `--set` key: a dotted params path (section.key[.subkey...])
-OVERRIDE_KEY_PATTERN = r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
+# a `--set` key: a dotted params path (section.key[.subkey...]), never under `paths`: a run's
+# data and run directories are the run's own (runs/<run_name>/data), an override may not move them
+OVERRIDE_KEY_PATTERN = r"^(?!paths(\.|$))[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
+FIXED_SECTIONS = ("paths",)
 # stages that dvc.yaml runs as a module of their own (`python -m pipeline.plots`), not through the
 # stage registry of `python -m pipeline`
 MODULE_STAGES = {"plots": "pipeline.plots"}
+# Where runs live is the deployment's choice (this variable, else params.yaml's paths.runs), never
+# the trigger's: a conf may not move a run's files (see OVERRIDE_KEY_PATTERN)
+RUNS_DIR_ENV = "UNITER_RUNS_DIR"
 PARAMS_FILE = "params.yaml"
 OUTPUTS_FILE = "outputs.json"
 
@@ -73,7 +79,13 @@ def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
     if conf.get("finetune_steps") is not None:
         tasks = conf.get("finetune_tasks") or repo_params()["finetune"]["tasks"]
         out += [f"finetune.per_task.{t}.steps={int(conf['finetune_steps'])}" for t in tasks]
-    out += [f"{key}={json.dumps(value)}" for key, value in sorted((conf.get("overrides") or {}).items())]
+    overrides = dict(conf.get("overrides") or {})
+    for key in sorted(overrides):
+        if not re.match(OVERRIDE_KEY_PATTERN, key):
+            fixed = key.split(".")[0] in FIXED_SECTIONS
+            raise ValueError(f"overrides.{key}: " + ("a run's paths are fixed (its data lives in runs/<run_name>/data)"
+                                                     if fixed else f"expected a params key matching {OVERRIDE_KEY_PATTERN}"))
+    out += [f"{key}={json.dumps(value)}" for key, value in sorted(overrides.items())]
     return out
 
 
@@ -123,6 +135,7 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
     for assignment in conf_to_overrides(conf):
         apply_override(raw, assignment)
     name = run_name_for(conf, run_id)
+    raw["paths"]["runs"] = os.environ.get(RUNS_DIR_ENV) or str(raw["paths"]["runs"])
     run_dir = PurePosixPath(str(raw["paths"]["runs"])) / name
     relocate(raw, str(run_dir / "data"))
     params = parse_params(raw, source=f"{run_dir}/{PARAMS_FILE} (from the trigger conf)")

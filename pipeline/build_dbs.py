@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.config import Params
 from pipeline.image_dbs import build_image_db
+from pipeline.ownership import remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.stores import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, ImageDb,
                              LmdbWriter, encode_value, read_json)
@@ -34,10 +35,14 @@ PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
 
 
 def remove_stale_temps(final: Path) -> None:
-    """Delete what a killed earlier build of ``final`` left beside it (``.<name>.*.tmp`` / ``.old``)."""
-    for stale in final.parent.glob(f".{final.name}.*"):
+    """Delete what a killed earlier build of ``final`` left beside it (``.<name>.*.tmp`` / ``.old``).
+
+    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
+    :class:`~pipeline.ownership.ForeignDirectoryError` naming it.
+    """
+    for stale in sorted(final.parent.glob(f".{final.name}.*")):
         if stale.is_dir() and (stale.name.endswith(".tmp") or ".old." in stale.name):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_owned(stale)
 
 
 def text_length(record: dict[str, Any]) -> int:
@@ -74,7 +79,7 @@ def write_text_db(out_dir: Path, spec: TextDbSpec, tok: WordPieceTokenizer, nbb:
     run = RunRecord("build_dbs", params_digest)
     run.inputs.update(inputs)
     id2len, txt2img, img2txts = {}, {}, {}
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, stage="build_dbs") as tmp:
         writer = LmdbWriter(tmp / ".work", commit_every=commit_every)
         try:
             for rec in kept:

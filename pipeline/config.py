@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -24,7 +25,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from pipeline.configs import must_exist  # noqa: F401  (re-exported)
+from pipeline.configs import MAX_SEED, Range, must_exist, range_problems  # noqa: F401  (must_exist re-exported)
 from pipeline.configs.dbs import BuildDbsConfig
 from pipeline.configs.decontaminate import DecontaminateConfig
 from pipeline.configs.extract import ExtractConfig
@@ -77,6 +78,11 @@ class Params:
     model: ModelConfig
     pretrain: PretrainConfig
     finetune: FinetuneConfig
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Top-level keys that are wrong, as (key, message); the parser raises on them."""
+        message = Range(0, MAX_SEED).problem(self.seed)
+        return [("seed", message)] if message else []
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form of these params (for ``_run.json``)."""
@@ -153,6 +159,8 @@ def _parse_value(tp: Any, value: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ParamsError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .nan / .inf are YAML floats, but no parameter means them
+            raise ParamsError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -185,8 +193,10 @@ def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"missing key {key}")
     obj = cls(**kwargs)
-    # rules between keys of one section (e.g. a phase no longer than the run): the config says them
-    problems = obj.problems() if hasattr(obj, "problems") else []
+    # each key's own range first: the section's rules between keys may then rely on every key being valid
+    problems = range_problems(obj)
+    if not problems and hasattr(obj, "problems"):
+        problems = obj.problems()
     if problems:
         raise ParamsError("; ".join(f"{dotted}{key}: {text}" for key, text in problems))
     return obj
@@ -251,7 +261,8 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
         errors: list[str] = []
         if params.world == "real":
             _check_paths(params.sources, "sources", errors)
-        _check_paths(params.model, "model", errors)
+        for section in ("model", "pretrain", "extract"):
+            _check_paths(getattr(params, section), section, errors)
         if errors:
             raise ParamsError(f"{source}: " + "; ".join(errors))
     return params

@@ -339,12 +339,12 @@ def run(params) -> dict[str, dict]:
     for dataset in sorted(cfg.eval_splits):
         record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
 
-    with atomic_dir(data / "reports" / "cleaning") as out:
+    with atomic_dir(data / "reports" / "cleaning", stage="decontaminate") as out:
         for dataset, result in sorted(results.items()):
             reports.write_cleaning_report(out, result.report, reports.pick_samples(result.samples, cfg.report_samples),
                                           eval_paths=index.image_paths, ref_images=index.ref_images)
         reports.write_summary(out, [r.report for _, r in sorted(results.items())])
-    with atomic_dir(data / "clean") as out:
+    with atomic_dir(data / "clean", stage="decontaminate") as out:
         for dataset, result in sorted(results.items()):
             write_parquet(result.clean, out / f"{dataset}.parquet")
             rep = result.report

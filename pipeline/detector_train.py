@@ -254,7 +254,7 @@ def run(params: Params) -> dict:
                           "holdout_objects": quality["objects"], "iterations": stats["iterations"]})
     record.extra.update({"quality": quality, "training": stats, "targets_met": metrics["targets_met"],
                          "threads": torch.get_num_threads(), "train_params": to_dict(cfg)})
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, stage="train_detector") as tmp:
         buf = io.BytesIO()
         torch.save({"model": model.state_dict(), "meta": meta}, buf)
         (tmp / "model_final.pth").write_bytes(buf.getvalue())

@@ -31,6 +31,7 @@ import torch
 
 from model.config import UniterConfig
 from pipeline.config import Params, to_dict
+from pipeline.ownership import claim_dir, preflight, remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.tasks import task_class
 from pipeline.tasks.base import FinetuneTask, TaskContext
@@ -51,6 +52,9 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
     cfg = params.finetune
     names = [item] if item is not None else list(cfg.tasks)
     check_params(params, names)
+    data = Path(params.paths.data)
+    preflight(*(p for n in names for p in (data / "checkpoints" / "finetune" / n, data / "models" / n,
+                                          *(data / "metrics" / n / init for init in ("pretrained", "scratch")))))
     device = resolve_device(cfg.device, 0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -121,7 +125,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
                          f"{task.vocab_size()} (pretrained with another tokenizer?)")
     inputs = {n: db_fingerprint(task.ctx.txt_root / n) for n in task.text_dbs()}
     inputs.update({n: db_fingerprint(task.ctx.img_root / n) for n in sorted(task.img_dbs.dbs)})
-    work_root = data / "checkpoints" / "finetune" / name
+    work_root = claim_dir(data / "checkpoints" / "finetune" / name, f"finetune@{name}")
     inits = ["pretrained", "scratch"] if cfg.compare_scratch else ["pretrained"]
     outcomes: dict[str, RunOutcome] = {}
     started = time.time()
@@ -139,7 +143,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
         outcomes[init] = train_run(task, plan, dist=dist, device=device, precision=precision, seed=params.seed)
     record = metrics_record(task, outcomes, task.chance())
     write_outputs(params, task, config, img_dim, meta, init_dir, outcomes, record, work_root, started)
-    shutil.rmtree(work_root, ignore_errors=True)
+    remove_owned(work_root)
     for parent in (work_root.parent, work_root.parent.parent):  # checkpoints/finetune, checkpoints: if empty
         with contextlib.suppress(OSError):  # not empty (another stage's run), or already gone
             parent.rmdir()
@@ -188,7 +192,7 @@ def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_
     run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
     run.extra["stage_wall_s"] = round(time.time() - started, 3)
     out_dir = data / "models" / name
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, stage=f"finetune@{name}") as tmp:
         save_safetensors(pretrained.state, tmp / MODEL_FILE)
         atomic_write_json(tmp / CONFIG_FILE, {
             "task": name, "uniter_config": dataclasses.asdict(config), "img_dim": img_dim,
@@ -203,7 +207,7 @@ def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_
     for init in outcomes:
         live, dest = work_root / init / "live", data / "metrics" / name / init
         if live.is_dir():
-            shutil.rmtree(dest, ignore_errors=True)
+            remove_owned(dest)  # the live dir's marker comes along: the copy is the stage's own
             shutil.copytree(live, dest)
     atomic_write_json(data / "metrics" / f"{name}.json", record)
     timing = ", ".join(f"{i} {o.timings_s.get('total', 0.0):.0f}s" for i, o in outcomes.items())

@@ -109,7 +109,7 @@ def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[Path]]:
     runs = sorted(p.parent.parent for p in metrics_root.rglob("plots/metrics") if p.is_dir()) \
         if metrics_root.is_dir() else []
     result: dict[str, list[Path]] = {}
-    with atomic_dir(out_root) as tmp:
+    with atomic_dir(out_root, stage="plots") as tmp:
         lines = ["# Training curves", ""]
         for run_dir in runs:
             name = run_dir.relative_to(metrics_root).as_posix()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from pipeline.config import Params, dump_params, to_dict
+from pipeline.ownership import preflight, remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo, in_launched_worker, launch_workers, process_group
@@ -162,6 +162,7 @@ def run_vcr(params: Params) -> None:
 
 def _run(params: Params, plan: StagePlan) -> None:
     check_params(params, plan)
+    preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
         train_rank(params, plan)
@@ -250,15 +251,15 @@ def train_rank(params: Params, plan: StagePlan) -> None:
                                   weight_decay=cfg.optim.weight_decay, warmup_steps=plan.warmup_steps,
                                   total_steps=plan.steps)
         engine = initialize(model, settings)
-        ckpt = Checkpointer(plan.ckpt_dir, fingerprint=_fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs)),
-                            keep=cfg.keep_checkpoints, dist=dist)
+        ckpt = Checkpointer(plan.ckpt_dir, stage=plan.stage, keep=cfg.keep_checkpoints, dist=dist,
+                            fingerprint=_fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs)))
         resume = ckpt.prepare()
 
         def prepare(batch: dict[str, Any]) -> dict[str, Any]:
             return cast_batch(batch, device, precision)
 
         baseline = _baseline(engine, val, prepare, plan, dist, resume) if cfg.val_batches else {}
-        logger = MetricsLogger(plan.metrics_dir, enabled=dist.is_main, resume_step=resume,
+        logger = MetricsLogger(plan.metrics_dir, stage=plan.stage, enabled=dist.is_main, resume_step=resume,
                                params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
                                                  "stage": {"name": plan.stage, "masking": plan.masking}}, {}))
         try:
@@ -354,14 +355,14 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
                          "parameters": sum(p.numel() for p in engine.module.parameters()),
                          "region_init": (region_fit or params.model.region_init) if plan.init_from is None else None}
         record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
-        with atomic_dir(plan.out_dir) as tmp:
+        with atomic_dir(plan.out_dir, stage=plan.stage) as tmp:
             save_safetensors(state, tmp / MODEL_FILE)
             atomic_write_json(tmp / CONFIG_FILE, model_json(spec, txt_meta, stage=plan.stage, steps=plan.steps))
             atomic_write_json(tmp / "eval.json", report)
             record.write(tmp)
     tdist.barrier()
     if dist.is_main:
-        shutil.rmtree(plan.ckpt_dir, ignore_errors=True)
+        remove_owned(plan.ckpt_dir)
         final = report["pretrained"]
         summary = ", ".join(f"{t} {k}={v:.3f}" for t, m in final.items() for k, v in m.items() if k.endswith("acc"))
         log.info("%s: %d steps on %d rank(s) in %.0fs (resumed from step %d); held-out %s -> %s", plan.stage,

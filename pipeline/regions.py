@@ -24,6 +24,7 @@ from pipeline.config import Params
 from pipeline.configs.extract import IMAGE_SOURCES
 from pipeline.detector.runner import (ExtractSettings, ImageItem, plan_shards, remove_stale_files, run_shards,
                                       settings_record)
+from pipeline.ownership import claim_dir, preflight
 from pipeline.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
 
 log = logging.getLogger("pipeline.extract")
@@ -191,7 +192,7 @@ def extract_set(params: Params, name: str, settings: ExtractSettings, workers: i
         mode = "given"
         items, input_rejects, used = given_box_items(data, name)
     out_dir = data / "features" / name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_dir(out_dir, f"extract@{name}")  # stale shards below are pruned: only in a directory of ours
     jobs = plan_shards(items, out_dir, shard_size=params.extract.shard_size, settings=settings, mode=mode)
     remove_stale_files(out_dir, keep=len(jobs))
     summary = run_shards(jobs, settings, workers=workers, desc=f"extract@{name}")
@@ -225,6 +226,7 @@ def extract_set(params: Params, name: str, settings: ExtractSettings, workers: i
 def run(params: Params, item: str | None = None) -> None:
     """Stage entry: extract region features for ``item`` (see module doc) or every source."""
     names = targets(params, item)
+    preflight(*(params.paths.data / "features" / name for name in names))
     settings, workers = make_settings(params)
     for name in names:
         extract_set(params, name, settings, workers)

@@ -98,17 +98,26 @@ def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> 
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path | str) -> Iterator[Path]:
+def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
 
-    On an exception the temporary directory is removed and ``final`` is left untouched.
+    The temporary directory carries ``stage``'s ownership marker from the start, so the result
+    does too, and so does what a killed build leaves behind (which a later run may then clear).
+    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
+    :class:`~pipeline.ownership.ForeignDirectoryError` is raised before any work, and again at the
+    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
     """
+    from pipeline.ownership import check_owned, write_marker
+
     final = Path(final)
+    check_owned(final, action="replace")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
     try:
+        write_marker(tmp, stage)
         yield tmp
+        check_owned(final, action="replace")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

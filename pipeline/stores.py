@@ -124,7 +124,7 @@ def decode_value(buf: bytes | memoryview) -> dict[str, Any]:
 class LmdbWriter:
     """Write one LMDB into ``work_dir`` in sorted key order and finish with a compacted copy.
 
-    >>> with atomic_dir(final) as tmp:
+    >>> with atomic_dir(final, stage="build_dbs") as tmp:
     ...     w = LmdbWriter(tmp / ".work", commit_every=1000)
     ...     for key, record in sorted_items: w.put(key, encode_value(record))
     ...     w.finish(tmp)            # tmp/data.mdb; work dir removed

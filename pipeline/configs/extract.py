@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pipeline.configs import MAX_COUNT, MAX_STEPS, bounded, checked, must_exist, subset_problem
+
 IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
 
 
@@ -13,11 +15,11 @@ IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
 class DetectorTrainConfig:
     """Fitting the narrow C4 detector to the mini world's boxes (DESIGN.md §7)."""
 
-    max_minutes: float = 10.0
-    max_iters: int = 3100
-    ims_per_batch: int = 4
-    lr: float = 1e-3
-    holdout_images: int = 40
+    max_minutes: float = bounded(0.0, 0, 7 * 24 * 60)  # wall-clock cap (0: none, iterations only)
+    max_iters: int = bounded(1400, 1, MAX_STEPS)
+    ims_per_batch: int = bounded(4, 1, 1024)
+    lr: float = bounded(1e-3, 0, 1, lo_open=True)
+    holdout_images: int = bounded(40, 1, MAX_COUNT)  # COCO train2014 images kept out of training to score it
 
 
 @dataclass(frozen=True)
@@ -25,13 +27,22 @@ class ExtractConfig:
     sources: tuple[str, ...] = IMAGE_SOURCES
     # `mini`: narrow R50-C4 fitted to the mini world; `butd_r101`: bottom-up-attention R101-C4
     detector: Literal["mini", "butd_r101"] = "mini"
-    weights: Path | None = None
+    # a file of `detector`'s weights; null: the mini detector train_detector writes (butd_r101 needs one)
+    weights: Path | None = must_exist(None)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (ignored on CPU)
-    workers: int = 1
-    shard_size: int = 1000
-    batch_size: int = 8
-    conf_th: float = 0.2
-    min_boxes: int = 10
-    max_boxes: int = 100
+    workers: int = bounded(1, 1, 256)
+    shard_size: int = bounded(1000, 1, MAX_COUNT)  # images per shard file
+    batch_size: int = bounded(8, 1, 4096)
+    conf_th: float = bounded(0.2, 0, 1)  # class confidence a kept box needs (min_boxes are kept anyway)
+    min_boxes: int = bounded(10, 0, 1000)
+    max_boxes: int = bounded(100, 1, 1000)
     train: DetectorTrainConfig = field(default_factory=DetectorTrainConfig)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        few = self.max_boxes < self.min_boxes
+        return checked(sources=subset_problem(self.sources, IMAGE_SOURCES),
+                       max_boxes=f"must be >= extract.min_boxes ({self.min_boxes}), got {self.max_boxes}" if few else None,
+                       weights="butd_r101 has no weights of its own: set extract.weights to its file"
+                       if self.detector == "butd_r101" and self.weights is None else None)

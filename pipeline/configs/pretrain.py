@@ -6,59 +6,77 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping
 
+from pipeline.configs import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
+    name_problem, subset_problem, weights_problem, zero_stage_problem
+
+# The tasks each stage can draw. model/pretraining.py (PRETRAIN_TASKS) and pipeline/pretrain.py keep
+# their own copies because they import torch and this module must not; tests compare them.
+FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage: VCR has no mismatched pairs
+VCR_VIEWS = ("qa", "qar")
+
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-4  # peak learning rate (AdamW)
+    lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)
     betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
-    warmup_steps: int = 10  # linear warmup, then linear decay to 0 at the last step
-    grad_clip: float = 2.0  # global gradient norm
-    grad_accum: int = 1  # micro-batches (token buckets) per optimizer step
+    weight_decay: float = bounded(0.01, 0, 1)  # not applied to biases and LayerNorm weights
+    warmup_steps: int = bounded(10, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    grad_clip: float = bounded(2.0, 0, 1e6)  # global gradient norm (0: no clipping)
+    grad_accum: int = bounded(1, 1, 10_000)  # micro-batches (token buckets) per optimizer step
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        return checked(betas=betas_problem(self.betas))
 
 
 @dataclass(frozen=True)
 class VcrStageConfig:
     """Second stage on VCR text: starts from the first stage's model.safetensors, fresh optimizer."""
 
-    steps: int = 30
+    steps: int = bounded(30, 1, MAX_STEPS)
     mix_ratio: Mapping[str, float] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0})
-    lr: float = 3e-5
-    warmup_steps: int = 3
+    lr: float = bounded(3e-5, 0, 1, lo_open=True)
+    warmup_steps: int = bounded(3, 0, MAX_STEPS)
     # qa: question + gold answer; qar: question + gold answer + gold rationale (two datasets)
-    views: tuple[str, ...] = ("qa", "qar")
+    views: tuple[str, ...] = VCR_VIEWS
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        return checked(mix_ratio=weights_problem(self.mix_ratio, VCR_TASKS, " in pretrain_vcr"),
+                       views=subset_problem(self.views, VCR_VIEWS))
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 350  # optimizer steps
+    steps: int = bounded(350, 1, MAX_STEPS)  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
     )
     # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER);
     # only tasks the mix has on: the phase orders the mix's tasks and never adds one
-    first_phase_steps: int = 100
+    first_phase_steps: int = bounded(100, 0, MAX_STEPS)
     first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
     masking: Literal["conditional", "joint"] = "conditional"
-    mask_prob: float = 0.15
-    itm_neg_prob: float = 0.5
+    mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)
+    itm_neg_prob: float = bounded(0.5, 0, 1)
     wra: bool = True
-    wra_weight: float = 0.1
+    wra_weight: float = bounded(0.1, 0, 1e3)
     datasets: Literal["indomain", "outdomain", "both"] = "indomain"
-    batch_tokens: int = 1024  # micro batch, per rank: padded text tokens + regions
-    log_every: int = 5
-    val_every: int = 50  # 0: validate only at the end
-    val_batches: int = 4  # held-out batches per task (the same batches in every run)
-    checkpoint_every: int = 50  # 0: only at the end
-    keep_checkpoints: int = 2
-    world_size: int = 1  # ranks on this node (GPUs, or CPU processes with gloo)
-    hostfile: Path | None = None  # several nodes: `host slots=N` lines (deepspeed launcher)
-    master_port: int = 0  # 0: a free port
+    batch_tokens: int = bounded(1024, 1, MAX_TOKENS)  # micro batch, per rank: padded text tokens + regions
+    log_every: int = bounded(5, 1, MAX_STEPS)
+    val_every: int = bounded(50, 0, MAX_STEPS)  # 0: validate only at the end
+    val_batches: int = bounded(4, 0, MAX_COUNT)  # held-out batches per task (the same batches in every run)
+    checkpoint_every: int = bounded(50, 0, MAX_STEPS)  # 0: only at the end
+    keep_checkpoints: int = bounded(2, 1, 1000)
+    world_size: int = bounded(1, 1, 4096)  # ranks on this node (GPUs, or CPU processes with gloo)
+    hostfile: Path | None = must_exist(None)  # several nodes: `host slots=N` lines (deepspeed launcher)
+    master_port: int = bounded(0, 0, 65535)  # 0: a free port
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    zero_stage: int = 2
-    num_workers: int = 0  # DataLoader workers per rank
+    zero_stage: int = 2  # 0, 1 or 2 (problems(): ZeRO-3 is not supported)
+    num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
     optim: OptimConfig = field(default_factory=OptimConfig)
     vcr: VcrStageConfig = field(default_factory=VcrStageConfig)
@@ -72,11 +90,17 @@ class PretrainConfig:
         return (mix, self.first_phase_steps) if mix and self.first_phase_steps else ({}, 0)
 
     def problems(self) -> list[tuple[str, str]]:
-        """Rules between keys of this section, as (key, what is wrong); the parser raises on them."""
-        out = []
-        if self.first_phase_steps < 0:
-            out.append(("first_phase_steps", f"must be >= 0, got {self.first_phase_steps}"))
-        elif self.first_phase()[1] > self.steps:
-            out.append(("first_phase_steps", f"{self.first_phase_steps} is more than steps ({self.steps}); "
+        """Keys of this section that are wrong, as (key, message); the parser raises on them.
+
+        Runs after every bounded key is in range, so ``steps`` is valid when the phase is compared to it."""
+        first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
+        # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
+        # empty"), even with the borrowed decoder weights registered as external parameters
+        out = checked(out_name=name_problem(self.out_name),
+                      zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
+                      mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
+                      first_phase_mix=first_mix)
+        if not out and self.first_phase()[1] > self.steps:
+            out.append(("first_phase_steps", f"{self.first_phase_steps} is more than pretrain.steps ({self.steps}); "
                                              "lower it, or set it to 0 for no first phase"))
         return out

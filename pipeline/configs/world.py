@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.configs import must_exist
+from pipeline.configs import MAX_COUNT, bounded, checked, must_exist
+
+
+# Id pools the COCO writer draws from without replacement (pipeline/mini_world/coco.py): real
+# COCO's id ranges, so the generated ids look real. A world asking for more ids cannot be drawn.
+COCO_IMAGE_IDS, COCO_CAPTION_IDS, COCO_INSTANCE_IDS = 581_929, 900_000, 2_200_000
 
 
 @dataclass(frozen=True)
@@ -19,23 +24,35 @@ class MiniWorldConfig:
     """Size and look of the generated mini world. Same values and seed => byte-identical tree."""
 
     out_dir: Path = Path("data/raw/mini")
-    image_size: int = 192
-    jpeg_quality: int = 90
-    n_coco: int = 400
-    n_vg_only: int = 150
-    n_flickr30k: int = 200
-    n_cc: int = 300
-    n_sbu: int = 300
-    n_vcr: int = 150
-    n_nlvr2_pairs: int = 200
-    captions_per_image: int = 5
-    max_objects: int = 5
-    n_planted_each: int = 6
-    n_vqa_test: int = 50  # COCO test2015 images carrying the VQA test questions
-    vqa_questions_per_image: int = 3
-    n_refcoco_images: int = 120  # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
+    image_size: int = bounded(192, 32, 4096)  # pixels per side
+    jpeg_quality: int = bounded(90, 1, 100)
+    n_coco: int = bounded(400, 1, MAX_COUNT)
+    n_vg_only: int = bounded(150, 1, MAX_COUNT)
+    n_flickr30k: int = bounded(200, 1, MAX_COUNT)
+    n_cc: int = bounded(300, 1, MAX_COUNT)
+    n_sbu: int = bounded(300, 1, MAX_COUNT)
+    n_vcr: int = bounded(150, 1, MAX_COUNT)
+    n_nlvr2_pairs: int = bounded(200, 1, MAX_COUNT)
+    captions_per_image: int = bounded(5, 1, 100)
+    max_objects: int = bounded(5, 1, 100)
+    n_planted_each: int = bounded(6, 1, 1000)
+    n_vqa_test: int = bounded(50, 1, MAX_COUNT)  # COCO test2015 images carrying the VQA test questions
+    vqa_questions_per_image: int = bounded(3, 1, 100)
+    n_refcoco_images: int = bounded(120, 1, MAX_COUNT)  # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
     # naming: expressions the detector's class names answer; comparing: comparing ones first where a scene has them
     refcoco_expressions: Literal["naming", "comparing"] = "naming"
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        def pool(need: int, size: int, what: str) -> str | None:
+            return f"needs {need} {what} ids, more than the {size} the COCO writer draws from" if need > size else None
+
+        return checked(
+            n_coco=pool(self.n_coco + self.n_vqa_test, COCO_IMAGE_IDS, "image (mini_world.n_coco + mini_world.n_vqa_test)"),
+            captions_per_image=pool(self.n_coco * self.captions_per_image, COCO_CAPTION_IDS,
+                                    "caption (mini_world.n_coco * mini_world.captions_per_image)"),
+            max_objects=pool(self.n_coco * self.max_objects, COCO_INSTANCE_IDS, "instance (mini_world.n_coco * mini_world.max_objects)"),
+        )
 
 
 @dataclass(frozen=True)

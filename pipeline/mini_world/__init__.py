@@ -63,7 +63,7 @@ def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,
     out_dir = Path(cfg.out_dir if out_dir is None else out_dir)
     if eval_splits is None:
         eval_splits = DEFAULT_EVAL_SPLITS
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, stage="mini_world") as tmp:
         world = World(cfg, seed, tmp, eval_splits)
         bar = tqdm(WRITERS, desc="mini_world", unit="dataset", disable=not progress)
         for name, writer in bar:

@@ -126,7 +126,8 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     from pipeline.training.task_mix import TaskSchedule
 
     cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
-    ckpt = Checkpointer(plan.work_dir, fingerprint=plan.fingerprint, keep=cfg.keep_checkpoints, dist=dist)
+    ckpt = Checkpointer(plan.work_dir, stage=f"finetune@{task.name}", fingerprint=plan.fingerprint,
+                        keep=cfg.keep_checkpoints, dist=dist)
     resume = ckpt.prepare()
     if (plan.work_dir / RESULT_DIR / RESULT_FILE).exists():
         log.info("%s (%s start): already trained and evaluated in %s", task.name, plan.init, plan.work_dir)
@@ -150,8 +151,8 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
                               betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                               warmup_steps=tcfg.warmup_steps, total_steps=tcfg.steps)
     engine = initialize(FinetuneModule(task, model), settings)
-    logger = MetricsLogger(plan.work_dir / "live", enabled=dist.is_main, resume_step=resume,
-                           params={"task": task.name, "init": plan.init, "steps": tcfg.steps, "lr": tcfg.lr,
+    logger = MetricsLogger(plan.work_dir / "live", stage=f"finetune@{task.name}", enabled=dist.is_main,
+                           resume_step=resume, params={"task": task.name, "init": plan.init, "steps": tcfg.steps, "lr": tcfg.lr,
                                    "batch_tokens": tcfg.batch_tokens})
     train_start = time.perf_counter()
     try:
@@ -178,7 +179,7 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     record = {"metrics": outcome.metrics, "zero_shot": zero_shot, "artifacts": outcome.artifacts,
               "last_train": result.last_train, "resumed_from_step": result.start_step, "timings_s": timings}
     if dist.is_main:
-        with atomic_dir(plan.work_dir / RESULT_DIR) as tmp:
+        with atomic_dir(plan.work_dir / RESULT_DIR, stage=f"finetune@{task.name}") as tmp:
             save_safetensors(state, tmp / MODEL_FILE)
             atomic_write_json(tmp / RESULT_FILE, record)
     log.info("%s (%s start): %d steps in %.0fs (resumed from step %d), eval %.0fs: %s", task.name, plan.init,

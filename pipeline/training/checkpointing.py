@@ -8,7 +8,8 @@ leaves an incomplete directory that resume ignores and the next save replaces.
 
 ``fingerprint.json`` records what the checkpoints were trained with (params and inputs). When it
 does not match the current run, the old checkpoints belong to another experiment and are removed
-instead of being resumed.
+instead of being resumed, but only when the root carries the pipeline's ownership marker
+(pipeline/ownership.py): a directory the pipeline did not create is never removed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from pipeline.ownership import check_owned, claim_dir, remove_owned
 from pipeline.runinfo import atomic_write_bytes, atomic_write_json
 from pipeline.training.launch import DistInfo
 
@@ -83,10 +85,11 @@ def db_fingerprint(path: Path) -> str:
 class Checkpointer:
     """Saves and finds checkpoints below ``root`` for one training run (all ranks call every method)."""
 
-    def __init__(self, root: Path, *, fingerprint: Mapping[str, Any], keep: int, dist: DistInfo) -> None:
+    def __init__(self, root: Path, *, stage: str, fingerprint: Mapping[str, Any], keep: int, dist: DistInfo) -> None:
         if keep < 1:
             raise ValueError(f"Checkpointer: keep must be >= 1, got {keep}")
         self.root = Path(root)
+        self.stage = stage  # written into the root's ownership marker
         self.fingerprint = json.loads(json.dumps(dict(fingerprint), sort_keys=True, default=str))
         self.keep = keep
         self.dist = dist
@@ -111,9 +114,10 @@ class Checkpointer:
             stale = self.root.is_dir() and any(self.root.iterdir()) and (
                 not fp_file.exists() or json.loads(fp_file.read_text()) != self.fingerprint)
             if stale:
+                check_owned(self.root)  # never remove a directory this pipeline did not create
                 log.warning("checkpoints in %s were trained with other params or inputs: removing them", self.root)
-                shutil.rmtree(self.root)
-            self.root.mkdir(parents=True, exist_ok=True)
+                remove_owned(self.root)
+            claim_dir(self.root, self.stage, self.fingerprint.get("params"))
             atomic_write_json(fp_file, self.fingerprint)
             for p in self.root.iterdir():  # leftovers of a save that was killed
                 if _TAG.match(p.name) and not (p / COMPLETE).exists():

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from pipeline.ownership import claim_dir
+
 log = logging.getLogger(__name__)
 
 COUNT_KEYS = ("n_tokens", "n_regions", "n_pairs", "n_pos", "n_neg")
@@ -119,15 +121,20 @@ def truncate_dvclive(directory: Path, after_step: int) -> None:
 
 
 class MetricsLogger:
-    """dvclive on rank 0 (``dir/metrics.json`` + ``dir/plots/metrics/**.tsv``); no-op on other ranks."""
+    """dvclive on rank 0 (``dir/metrics.json`` + ``dir/plots/metrics/**.tsv``); no-op on other ranks.
 
-    def __init__(self, directory: Path, *, enabled: bool, resume_step: int | None, params: Mapping[str, Any]) -> None:
+    dvclive clears its files in ``directory`` on a fresh start, so the directory is claimed for
+    ``stage`` first (pipeline/ownership.py): a folder the pipeline did not create is refused.
+    """
+
+    def __init__(self, directory: Path, *, stage: str, enabled: bool, resume_step: int | None,
+                 params: Mapping[str, Any]) -> None:
         self.live = None
         if not enabled:
             return
         from dvclive import Live
 
-        directory = Path(directory)
+        directory = claim_dir(directory, stage)
         if resume_step is not None and directory.exists():
             truncate_dvclive(directory, resume_step)
         self.live = Live(str(directory), resume=resume_step is not None, dvcyaml=None, save_dvc_exp=False,

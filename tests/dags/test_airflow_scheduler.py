@@ -47,7 +47,7 @@ def dvc_outputs() -> list[str]:
 @pytest.fixture
 def airflow_stack(tmp_path):
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home"), "AIRFLOW_PORT": str(free_port()),
-           "AIRFLOW_START_TIMEOUT": "300"}
+           "AIRFLOW_START_TIMEOUT": "300", "UNITER_RUNS_DIR": str(tmp_path / "runs")}
 
     def script(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=REPO, capture_output=True, text=True,
@@ -83,7 +83,7 @@ def test_scheduler_runs_the_pipeline_into_its_run_dir(airflow_stack, tmp_path):
     refused = script("trigger", json.dumps({"model_preset": "huge"}), "bad-conf", check=False)
     assert refused.returncode != 0, "a conf that breaks the Params schema must not create a run"
 
-    conf = {"run_name": "tiny", "seed": 1234, "overrides": {**TINY, "paths.runs": str(runs_dir)}}
+    conf = {"run_name": "tiny", "seed": 1234, "overrides": TINY}  # runs_dir: the stack's UNITER_RUNS_DIR
     assert script("trigger", json.dumps(conf), "tiny-run").stdout.strip() == "tiny-run"
     waited = script("wait", "tiny-run", str(RUN_TIMEOUT_S), check=False, timeout=RUN_TIMEOUT_S + 120)
     assert waited.returncode == 0, waited.stdout + waited.stderr + task_log(home, "tiny-run", "results")

@@ -101,6 +101,9 @@ def test_param_defaults_are_params_yaml_and_validate():
     {"finetune_tasks": ["vqa", "coco_captioning"]},
     {"finetune_tasks": []},
     {"overrides": {"Not A Key": 1}},
+    {"overrides": {"paths.data": "/some/absolute/dir"}},
+    {"overrides": {"paths.runs": ".."}},
+    {"overrides": {"paths": {"data": "/elsewhere"}}},
 ])
 def test_params_schema_rejects_a_bad_conf(conf):
     from airflow.sdk.exceptions import ParamValidationError
@@ -172,6 +175,21 @@ def test_real_world_sources_stay_where_they_are():
     assert raw["mini_world"]["out_dir"] == "runs/r2/data/raw/mini"
 
 
+@pytest.mark.parametrize("key", ["paths.data", "paths.runs"])
+def test_an_override_may_not_move_the_run_out_of_its_directory(tmp_path, key):
+    """The conf schema refuses these keys (above); prepare refuses them too, before writing anything."""
+    root = make_repo(tmp_path)
+    with pytest.raises(ValueError, match=f"overrides.{key}: a run's paths are fixed"):
+        runs.prepare_run({"run_name": "r4", "overrides": {key: ".."}}, "m", repo_root=root)
+    assert not (root / "runs").exists() and not (tmp_path / "r4").exists()
+
+
+def test_the_deployment_chooses_where_runs_live(tmp_path, monkeypatch):
+    monkeypatch.setenv(runs.RUNS_DIR_ENV, str(tmp_path / "elsewhere"))
+    run = runs.prepare_run({"run_name": "r5"}, "m", repo_root=make_repo(tmp_path))
+    assert run["run_dir"] == f"{tmp_path}/elsewhere/r5" and (tmp_path / "elsewhere/r5/params.yaml").is_file()
+
+
 def test_run_name_defaults_to_the_airflow_run_id():
     assert runs.run_name_for({}, "manual__2026-01-02T03:04:05+00:00") == "manual__2026-01-02T03-04-05-00-00"
     assert runs.run_name_for({"run_name": "mine"}, "manual__x") == "mine"
@@ -193,15 +211,15 @@ def test_a_task_runs_the_same_stage_command_as_dvc(stage, item):
     assert " ".join(["python", *cmd[1:]]) == dvc_cmd + " --params runs/r/params.yaml"
 
 
-def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path):
+def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path, monkeypatch):
     """The mini_world stage through the task helper, in a tiny run dir: its log lines reach the task
     log, the world lands inside the run, and outputs.json holds its digest."""
     from pipeline.runinfo import tree_digest
 
     root = make_repo(tmp_path)
     runs_dir = tmp_path / "runs"
-    run = runs.prepare_run({"run_name": "tiny", "overrides": {**TINY, "paths.runs": str(runs_dir)}}, "m",
-                           repo_root=root)
+    monkeypatch.setenv(runs.RUNS_DIR_ENV, str(runs_dir))
+    run = runs.prepare_run({"run_name": "tiny", "overrides": TINY}, "m", repo_root=root)
     lines: list[str] = []
     runs.run_stage("mini_world", None, str(runs_dir / "tiny/params.yaml"), emit=lines.append)
     assert lines[0].startswith("$ ") and any("mini_world finished" in line for line in lines)

@@ -16,6 +16,7 @@ from safetensors.numpy import load_file
 from safetensors import safe_open
 
 from dbs_synthetic import ROOT, write_world, params_for
+from pipeline.ownership import OWNER_FILE
 from pipeline.build_dbs import run
 from pipeline.db_cli import main as db_main
 from pipeline.stores import ImageDb, TextDb
@@ -61,7 +62,7 @@ def test_every_db_and_side_file_is_written(built):
     assert {p.name for p in (data / "db" / "txt").iterdir() if p.is_dir()} == TEXT_DBS
     for name in IMAGE_DBS:
         assert sorted(p.name for p in (data / "db" / "img" / name).iterdir()) == \
-            ["_run.json", "data.mdb", "meta.json", "nbb.json"]
+            [OWNER_FILE, "_run.json", "data.mdb", "meta.json", "nbb.json"]
     for name in TEXT_DBS:
         files = {p.name for p in (data / "db" / "txt" / name).iterdir()}
         assert {"_run.json", "data.mdb", "meta.json", "id2len.json", "txt2img.json", "img2txts.json"} <= files

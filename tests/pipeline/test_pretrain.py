@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dbs_synthetic import ROOT, built_world, params_for
+from pipeline.ownership import OWNER_FILE
 from pipeline.runinfo import file_digest
 
 FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
@@ -52,8 +53,8 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=16")
-    assert sorted(p.name for p in first_stage.iterdir()) == ["_run.json", "eval.json", "model.safetensors",
-                                                             "model_config.json"]
+    assert sorted(p.name for p in first_stage.iterdir()) == [OWNER_FILE, "_run.json", "eval.json",
+                                                             "model.safetensors", "model_config.json"]
     assert not (data / "checkpoints" / "pretrain").exists()  # removed once the export is written
 
     mlm = [float(v) for _, v in tsv(data / "metrics/pretrain/plots/metrics/train/mlm/loss.tsv")]

@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
+from pipeline.ownership import OWNER_FILE
 from pipeline.runinfo import atomic_dir
 from pipeline.stores import LmdbReader, LmdbWriter, decode_value, encode_value, write_lmdb
 
@@ -62,13 +63,13 @@ def _items(n: int, size: int, seed: int = 0):
 
 def test_writer_grows_map_on_full_and_reader_returns_every_value(tmp_path):
     items = _items(60, 20_000)  # ~80 KB each, 4.8 MB in all: far over the 256 KiB start
-    with atomic_dir(tmp_path / "db") as tmp:
+    with atomic_dir(tmp_path / "db", stage="test") as tmp:
         writer = LmdbWriter(tmp / ".work", commit_every=7, map_size=256 << 10)
         for k, v in items:
             writer.put(k, v)
         writer.finish(tmp)
     assert writer.map_growths >= 4 and writer.commits == 9 and writer.count == 60
-    assert sorted(p.name for p in (tmp_path / "db").iterdir()) == ["data.mdb"]
+    assert sorted(p.name for p in (tmp_path / "db").iterdir()) == [OWNER_FILE, "data.mdb"]
     reader = LmdbReader(tmp_path / "db")
     assert len(reader) == 60 and list(reader.keys()) == [k for k, _ in items]
     for k, v in items[::7]:
@@ -135,10 +136,10 @@ def test_failure_midway_leaves_nothing_at_the_final_path(tmp_path):
             yield item
 
     with pytest.raises(RuntimeError, match="injected"):
-        with atomic_dir(tmp_path / "db") as tmp:
+        with atomic_dir(tmp_path / "db", stage="test") as tmp:
             write_lmdb(tmp, failing(), commit_every=10)
     assert list(tmp_path.iterdir()) == []
-    with atomic_dir(tmp_path / "db") as tmp:
+    with atomic_dir(tmp_path / "db", stage="test") as tmp:
         writer = write_lmdb(tmp, items, commit_every=10)
     assert writer.count == 50 and len(LmdbReader(tmp_path / "db")) == 50
 

@@ -55,9 +55,9 @@ def run_toy(toy, out: Path, *, total: int, zero_stage: int = 2, crash_after: int
             streams[task] = st
         val_ds = toy.Dataset(16, seed=99)
         val = {"tok": [toy.collate([val_ds[i] for i in range(j, j + 4)]) for j in range(0, 16, 4)]}
-        ckpt = Checkpointer(out / "ckpt", fingerprint={"toy": 1, "total": total}, keep=2, dist=dist)
+        ckpt = Checkpointer(out / "ckpt", stage="toy", fingerprint={"toy": 1, "total": total}, keep=2, dist=dist)
         resume = ckpt.prepare()
-        logger = MetricsLogger(out / "live", enabled=True, resume_step=resume, params={"total": total})
+        logger = MetricsLogger(out / "live", stage="toy", enabled=True, resume_step=resume, params={"total": total})
         try:
             result = train(engine, schedule=TaskSchedule({"tok": 2.0, "reg": 1.0}, seed=seed), streams=streams,
                            checkpointer=ckpt, logger=logger, val_batches=val, dist=dist,

@@ -31,14 +31,14 @@ def test_subset_means_are_weighted_by_their_subset_and_skip_empty_ones():
 
 
 def test_dvclive_resume_drops_steps_after_the_checkpoint(tmp_path):
-    logger = MetricsLogger(tmp_path, enabled=True, resume_step=None, params={"a": 1})
+    logger = MetricsLogger(tmp_path, stage="test", enabled=True, resume_step=None, params={"a": 1})
     for step in (1, 2, 3, 4):
         logger.log(step, {"train/loss": 1.0 / step})
     logger.close()
     truncate_dvclive(tmp_path, 2)
     lines = (tmp_path / "plots/metrics/train/loss.tsv").read_text().splitlines()
     assert lines == ["step\tloss", "1\t1.0", "2\t0.5"]
-    logger = MetricsLogger(tmp_path, enabled=True, resume_step=2, params={"a": 1})
+    logger = MetricsLogger(tmp_path, stage="test", enabled=True, resume_step=2, params={"a": 1})
     logger.log(3, {"train/loss": 0.25})
     logger.close()
     lines = (tmp_path / "plots/metrics/train/loss.tsv").read_text().splitlines()
@@ -46,14 +46,14 @@ def test_dvclive_resume_drops_steps_after_the_checkpoint(tmp_path):
 
 
 def test_resume_after_a_kill_mid_write(tmp_path):
-    logger = MetricsLogger(tmp_path, enabled=True, resume_step=None, params={})
+    logger = MetricsLogger(tmp_path, stage="test", enabled=True, resume_step=None, params={})
     for step in (1, 2, 3):
         logger.log(step, {"train/loss": 1.0 / step, "val/mlm/mlm_acc": 0.1 * step})
     logger.close()
     loss = tmp_path / "plots/metrics/train/loss.tsv"
     loss.write_text(loss.read_text() + "4\t0.2")  # the kill cut this row short (no newline, not flushed)
     (tmp_path / "metrics.json").write_text('{"train": {"lo')  # and the summary mid-write
-    logger = MetricsLogger(tmp_path, enabled=True, resume_step=3, params={})
+    logger = MetricsLogger(tmp_path, stage="test", enabled=True, resume_step=3, params={})
     assert logger.live.summary == {"train": {"loss": 1.0 / 3}, "val": {"mlm": {"mlm_acc": 0.1 * 3}}, "step": 3}
     logger.log(4, {"train/loss": 0.25})
     logger.close()
