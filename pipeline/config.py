@@ -189,7 +189,7 @@ def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
     for name, f in known.items():
         key = dotted + name
         if name in raw:
-            kwargs[name] = _parse_value(hints[name], raw[name], key)
+            kwargs[name] = _parse_scalar_or_value(f, hints[name], raw[name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"missing key {key}")
     obj = cls(**kwargs)
@@ -200,6 +200,18 @@ def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
     if problems:
         raise ParamsError("; ".join(f"{dotted}{key}: {text}" for key, text in problems))
     return obj
+
+
+def _parse_scalar_or_value(f: dataclasses.Field, tp: Any, value: Any, key: str) -> Any:
+    """``_parse_value``, but a value of the wrong type for a :func:`bounded` key is told the range too."""
+    rng = f.metadata.get("range")
+    try:
+        return _parse_value(tp, value, key)
+    except ParamsError:
+        if rng is None:
+            raise
+        kind = "an integer" if tp is int else "a finite number"
+        raise ParamsError(f"{key}: must be {kind} in {rng}, got {value!r}") from None
 
 
 def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:

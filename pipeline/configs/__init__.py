@@ -37,6 +37,11 @@ def must_exist(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
     return field(default=default, metadata=meta, **kwargs)
 
 
+def _number(x: float) -> str:
+    """``10000000`` for whole numbers (as a reader types them), ``0.5``/``inf`` otherwise."""
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
+
+
 @dataclass(frozen=True)
 class Range:
     """An allowed interval for a number; ``lo_open``/``hi_open`` exclude that end."""
@@ -47,7 +52,7 @@ class Range:
     hi_open: bool = False
 
     def __str__(self) -> str:
-        return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        return f"{'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}{')' if self.hi_open else ']'}"
 
     def contains(self, value: float) -> bool:
         above = value > self.lo if self.lo_open else value >= self.lo

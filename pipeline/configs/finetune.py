@@ -45,7 +45,7 @@ class FinetuneConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         """Keys of this section that are wrong, as (key, message); the parser raises on them."""
-        missing = [t for t in self.tasks if t not in self.per_task]
+        missing = [t for t in self.tasks if t in TASKS and t not in self.per_task]  # unknown ones: `tasks` says so
         pool = None
         if self.retrieval_neg_pool < self.retrieval_hard_negatives:
             pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives ({self.retrieval_hard_negatives}),"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,15 +40,20 @@ def test_every_key_in_params_yaml_round_trips():
     [
         ("pretrain.stpes=3", "unknown key pretrain.stpes (did you mean 'pretrain.steps'?)"),
         ("extract.train.lrr=0.1", "unknown key extract.train.lrr"),
-        ("pretrain.steps=ten", "pretrain.steps: expected an integer, got 'ten'"),
-        ("pretrain.steps=true", "pretrain.steps: expected an integer"),
+        ("pretrain.steps=ten", "pretrain.steps: must be an integer in [1, 10000000], got 'ten'"),
+        ("pretrain.steps=true", "pretrain.steps: must be an integer in [1, 10000000], got True"),
+        ("pretrain.optim.betas=[0.9, true]", "pretrain.optim.betas[1]: expected a number, got True"),
         ("pretrain.masking=random", "pretrain.masking: expected one of ['conditional', 'joint']"),
         ("pretrain.optim.betas=[0.9]", "pretrain.optim.betas: expected 2 items"),
         ("ingest.datasets=coco", "ingest.datasets: expected a list"),
         ("finetune.per_task.vqa.stepz=1", "unknown key finetune.per_task.vqa.stepz"),
         ("world=moon", "world: expected one of ['mini', 'real']"),
-        ("pretrain.steps=50", "pretrain.first_phase_steps: 100 is more than steps (50)"),
-        ("pretrain.first_phase_steps=-1", "pretrain.first_phase_steps: must be >= 0, got -1"),
+        ("pretrain.steps=50", "pretrain.first_phase_steps: 100 is more than pretrain.steps (50)"),
+        ("pretrain.first_phase_steps=-1", "pretrain.first_phase_steps: must be an integer in [0, 10000000], got -1"),
+        ("pretrain.steps=0", "pretrain.steps: must be an integer in [1, 10000000], got 0"),
+        ("pretrain.mask_prob=2.0", "pretrain.mask_prob: must be a finite number in (0, 1), got 2.0"),
+        ("pretrain.optim.lr=.nan", "pretrain.optim.lr: must be a finite number in (0, 1], got nan"),
+        ("pretrain.mix_ratio={mlm: .inf}", "pretrain.mix_ratio.mlm: expected a finite number, got inf"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -115,3 +121,116 @@ def test_cli_misspelled_key_exits_nonzero_naming_it():
     out = _cli("mini_world", "--set", "mini_world.image_sise=64")
     assert out.returncode == 2
     assert "mini_world.image_sise" in out.stderr and "image_size" in out.stderr
+
+
+# The issue's list (and the names rule): each is refused by the parser, naming this key.
+BAD = [
+    (["seed=-1"], "seed"),
+    (["seed=4294967296"], "seed"),
+    (["pretrain.batch_tokens=0"], "pretrain.batch_tokens"),
+    (["pretrain.world_size=0"], "pretrain.world_size"),
+    (["pretrain.optim.lr=.nan"], "pretrain.optim.lr"),
+    (["pretrain.optim.lr=.inf"], "pretrain.optim.lr"),
+    (["pretrain.optim.lr=-1"], "pretrain.optim.lr"),
+    (["pretrain.vcr.lr=0"], "pretrain.vcr.lr"),
+    (["finetune.per_task.vqa.lr=-.inf"], "finetune.per_task.vqa.lr"),
+    (["extract.train.lr=-1.0"], "extract.train.lr"),
+    (["pretrain.mask_prob=2.0"], "pretrain.mask_prob"),
+    (["pretrain.mix_ratio={}"], "pretrain.mix_ratio"),
+    (["pretrain.mix_ratio={mlm: -1.0, itm: 2.0}"], "pretrain.mix_ratio"),
+    (["pretrain.mix_ratio={mlm: 0.0}"], "pretrain.mix_ratio"),
+    (["pretrain.mix_ratio={mlmm: 1.0}"], "pretrain.mix_ratio"),
+    (["pretrain.mix_ratio={mlm: .nan}"], "pretrain.mix_ratio.mlm"),
+    (["pretrain.vcr.mix_ratio={itm: 1.0}"], "pretrain.vcr.mix_ratio"),
+    (["pretrain.first_phase_mix={}"], "pretrain.first_phase_mix"),
+    (["pretrain.optim.grad_accum=0"], "pretrain.optim.grad_accum"),
+    (["ingest.chunk_rows=0"], "ingest.chunk_rows"),
+    (["extract.shard_size=0"], "extract.shard_size"),
+    (["extract.batch_size=0"], "extract.batch_size"),
+    (["mini_world.n_coco=-10"], "mini_world.n_coco"),
+    (["mini_world.n_coco=1e12"], "mini_world.n_coco"),  # YAML 1.1: a string, not a number
+    (["mini_world.n_coco=1000000000000"], "mini_world.n_coco"),
+    (["decontaminate.phash_max_distance=-1"], "decontaminate.phash_max_distance"),
+    (["decontaminate.phash_max_distance=64"], "decontaminate.phash_max_distance"),
+    (["build_dbs.max_txt_len=0"], "build_dbs.max_txt_len"),
+    (["extract.detector=butd_r101", "extract.weights=/nonexistent"], "extract.weights"),
+    (["extract.detector=butd_r101"], "extract.weights"),  # weights: null has no butd_r101 file
+    (["pretrain.steps=1e26"], "pretrain.steps"),
+    (["pretrain.steps=100000000000000000000000000"], "pretrain.steps"),
+    (["pretrain.first_phase_steps=0", "pretrain.steps=-5"], "pretrain.steps"),
+    (["pretrain.zero_stage=3"], "pretrain.zero_stage"),
+    (["finetune.zero_stage=4"], "finetune.zero_stage"),
+    (["extract.conf_th=1.5"], "extract.conf_th"),
+    (["extract.max_boxes=5"], "extract.max_boxes"),  # fewer than min_boxes (10)
+    (["model.dropout=1.0"], "model.dropout"),
+    (["pretrain.optim.betas=[0.9, 1.0]"], "pretrain.optim.betas"),
+    (["finetune.retrieval_neg_pool=2"], "finetune.retrieval_neg_pool"),  # fewer than hard_negatives (3)
+    (["finetune.tasks=[vqa, vqa2]"], "finetune.tasks"),
+    (["finetune.tasks=[]"], "finetune.tasks"),
+    (["pretrain.vcr.views=[qa, qra]"], "pretrain.vcr.views"),
+    (["extract.sources=[coco, ../x]"], "extract.sources"),
+    (["ingest.max_text_chars=0"], "ingest.max_text_chars"),
+    (["pretrain.hostfile=/nonexistent/hostfile"], "pretrain.hostfile"),
+    *[([f"pretrain.out_name={name}"], "pretrain.out_name") for name in ("/abs/dir", "../../x", "a/b", ".", "..", "''", "a b")],
+]
+
+
+def _names_key(message: str, key: str) -> bool:
+    """True when ``message`` blames ``key`` itself (not a longer key that ends or starts with it)."""
+    return re.search(rf"(^|[:;] ){re.escape(key)}: ", message.split(": ", 1)[1]) is not None
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_out_of_range_values_are_refused_naming_the_key(overrides, key):
+    with pytest.raises(ParamsError) as err:
+        load_params(PARAMS, overrides)
+    assert _names_key(str(err.value), key), str(err.value)
+
+
+def test_a_bad_steps_is_blamed_on_steps_not_on_the_first_phase():
+    with pytest.raises(ParamsError) as err:
+        load_params(PARAMS, ["pretrain.first_phase_steps=0", "pretrain.steps=-5"])
+    assert "pretrain.steps: must be an integer in [1, 10000000], got -5" in str(err.value)
+    assert "first_phase_steps" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["pretrain", "my-run_2.v1", "..a", "a.."])
+def test_names_that_are_one_path_component_are_accepted(name):
+    assert load_params(PARAMS, [f"pretrain.out_name={name}"]).pretrain.out_name == name
+
+
+def test_the_name_pattern_is_exported_for_the_dag():
+    from pipeline.configs import NAME_PATTERN, name_problem
+
+    assert re.fullmatch(NAME_PATTERN, "run-1.a_b") and not re.fullmatch(NAME_PATTERN, "a/b")
+    assert name_problem("ok") is None and NAME_PATTERN in name_problem("..")
+
+
+def test_paths_that_are_paths_may_point_anywhere(tmp_path):
+    weights = tmp_path / "butd.pkl"
+    weights.write_bytes(b"")
+    params = load_params(PARAMS, [f"paths.data={tmp_path}/../data", "mini_world.out_dir=/tmp/mini",
+                                  "extract.detector=butd_r101", f"extract.weights={weights}"])
+    assert params.extract.weights == weights
+
+
+def test_the_task_lists_match_the_modules_that_use_them():
+    """The config keeps its own copies of the task names (it must not import torch): they agree."""
+    from model.pretraining import PRETRAIN_TASKS
+    from pipeline import pretrain
+    from pipeline.configs import pretrain as cfg
+    from pipeline.tasks import TASK_CLASSES
+
+    assert cfg.FIRST_STAGE_TASKS == pretrain.FIRST_STAGE_TASKS == PRETRAIN_TASKS
+    assert cfg.VCR_TASKS == pretrain.VCR_TASKS
+    from pipeline.configs.finetune import TASKS
+
+    assert set(TASKS) == set(TASK_CLASSES)
+
+
+def test_cli_out_of_range_value_exits_2_before_any_work(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "pretrain", "--set", "pretrain.steps=0",
+                          "--set", f"paths.data={tmp_path}/data"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "pretrain.steps: must be an integer in [1, 10000000], got 0" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "data").exists()
