@@ -258,7 +258,9 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         def prepare(batch: dict[str, Any]) -> dict[str, Any]:
             return cast_batch(batch, device, precision)
 
+        baseline_start = time.time()
         baseline = _baseline(engine, val, prepare, plan, dist, resume) if cfg.val_batches else {}
+        loop_start = time.time()
         logger = MetricsLogger(plan.metrics_dir, stage=plan.stage, enabled=dist.is_main, resume_step=resume,
                                params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
                                                  "stage": {"name": plan.stage, "masking": plan.masking}}, {}))
@@ -271,6 +273,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
                                                  precision=precision, desc=plan.stage))
         finally:
             logger.close()
+        text_only_start = time.time()
         text_only = {}
         if "mlm" in val and cfg.val_batches:  # the same decision on every rank: evaluate is a collective
             def without_image(batch: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +281,10 @@ def train_rank(params: Params, plan: StagePlan) -> None:
 
             text_only = evaluate(engine, {"mlm": val["mlm"]}, prepare=without_image, module=engine.module,
                                  prefix="val_text_only")
+        # _run.json's wall-time split; the loop timed its own phases, "export" is added by _export
+        result.timings_s = {"startup": round(baseline_start - started, 3),
+                            "baseline_eval": round(loop_start - baseline_start, 3), **result.timings_s,
+                            "text_only_eval": round(time.time() - text_only_start, 3)}
         _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
                 started, region_fit)
 
@@ -325,7 +332,7 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
 
     import torch.distributed as tdist
 
-    cfg = params.pretrain
+    cfg, export_start = params.pretrain, time.time()
     digests: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(digests, result.task_digest)  # every rank must have run the same tasks
     shares: list[Any] = [None] * dist.world_size
@@ -359,6 +366,7 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
             save_safetensors(state, tmp / MODEL_FILE)
             atomic_write_json(tmp / CONFIG_FILE, model_json(spec, txt_meta, stage=plan.stage, steps=plan.steps))
             atomic_write_json(tmp / "eval.json", report)
+            record.extra["timings_s"] = {**result.timings_s, "export": round(time.time() - export_start, 3)}
             record.write(tmp)
     tdist.barrier()
     if dist.is_main:

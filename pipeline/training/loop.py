@@ -44,6 +44,8 @@ class LoopResult:
     last_val: dict[str, float]
     last_train: dict[str, float]
     task_digest: str  # chained sha256 over the tasks this rank actually ran, steps 1..final_step
+    # seconds this call spent in training steps, validation and checkpointing (resume included)
+    timings_s: dict[str, float]
 
 
 def chain_task(digest: str, task: str) -> str:
@@ -110,8 +112,11 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     engine.train()
     bar = tqdm(total=s.total_steps, initial=start, desc=s.desc, disable=not dist.is_main, mininterval=2.0,
                dynamic_ncols=True, unit="step")
-    interval_tokens, interval_start = 0, time.perf_counter()
+    # tokens/s counts training time only, per log interval: both counters restart at each log line
+    interval_tokens, interval_s = 0, 0.0
+    timings = {"train": 0.0, "validation": 0.0, "checkpoint": 0.0}
     for step in range(start + 1, s.total_steps + 1):
+        step_start = time.perf_counter()
         task = schedule.task_at(step)
         task_digest = chain_task(task_digest, task)
         lr = current_lr(engine)
@@ -125,22 +130,26 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             means.add(f"train/{task}", loss, out.metrics)
             means.add_value("train/loss", loss)
         bar.update(1)
+        step_s = time.perf_counter() - step_start
+        interval_s += step_s
+        timings["train"] += step_s
 
         if _due(step, s.log_every, s.total_steps):
-            elapsed = time.perf_counter() - interval_start
             tokens = _sum_over_ranks(float(interval_tokens))
             last_train = means.reduce()
-            last_train["train/tokens_per_s"] = tokens / max(elapsed, 1e-9)
+            last_train["train/tokens_per_s"] = tokens / max(interval_s, 1e-9)
             last_train["train/lr"] = lr
             logger.log(step, last_train)
             means.clear()
             bar.set_postfix(loss=f"{last_train.get('train/loss', float('nan')):.3f}", task=task, refresh=False)
-            interval_tokens = 0
-        paused = time.perf_counter()
+            interval_tokens, interval_s = 0, 0.0
         if s.val_every >= 0 and val_batches and _due(step, s.val_every, s.total_steps):
+            val_start = time.perf_counter()
             last_val = evaluate(engine, val_batches, prepare=prepare, module=engine.module)
             logger.log(step, last_val)
+            timings["validation"] += time.perf_counter() - val_start
         if _due(step, s.checkpoint_every, s.total_steps):
+            save_start = time.perf_counter()
             checkpointer.save(engine, step, {
                 "step": step,
                 "streams": {t: st.state_dict() for t, st in streams.items()},
@@ -148,9 +157,11 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
                 "task_digest": task_digest,
                 "rng": capture_rng(),
             })
-        interval_start += time.perf_counter() - paused  # validation and saving are not training time
+            timings["checkpoint"] += time.perf_counter() - save_start
     bar.close()
     if start == s.total_steps and val_batches:  # resumed from the final checkpoint: nothing left to train
+        val_start = time.perf_counter()
         last_val = evaluate(engine, val_batches, prepare=prepare, module=engine.module)
+        timings["validation"] += time.perf_counter() - val_start
     return LoopResult(start_step=start, final_step=s.total_steps, last_val=last_val, last_train=last_train,
-                      task_digest=task_digest)
+                      task_digest=task_digest, timings_s={k: round(v, 3) for k, v in timings.items()})

@@ -70,6 +70,9 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     assert itm["batches"] <= 2 and 0 < itm["matched"] < itm["examples"]
     run = json.loads((first_stage / "_run.json").read_text())
     assert run["counts"]["task_steps"] == TaskSchedule(params.pretrain.mix_ratio, seed=params.seed).counts(16)
+    phases = run["timings_s"]  # where the wall time went, phase by phase
+    assert set(phases) == {"startup", "baseline_eval", "train", "validation", "checkpoint", "text_only_eval",
+                           "export"} and min(phases.values()) >= 0 and phases["train"] > 0
 
     # the export loads strictly and reproduces the held-out metrics the stage measured at its last step
     plan = plan_stage(params, "pretrain")

@@ -4,6 +4,7 @@ exactly after a crash at an arbitrary step, and it exports the consolidated weig
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,11 @@ class CrashingStream(BatchStream):
 
 
 def run_toy(toy, out: Path, *, total: int, zero_stage: int = 2, crash_after: int | None = None,
-            checkpoint_every: int = 4, seed: int = 3):
+            checkpoint_every: int = 4, seed: int = 3, model_cls=None):
     """Train the toy for ``total`` steps (resuming whatever ``out`` holds); returns (engine state, result)."""
     torch.manual_seed(seed)
     with process_group("cpu") as dist:
-        model = toy.Model()
+        model = (model_cls or toy.Model)()
         settings = EngineSettings(device=torch.device("cpu"), precision="fp32", world_size=1, zero_stage=zero_stage,
                                   grad_accum=2, grad_clip=1.0, lr=3e-2, betas=(0.9, 0.98), weight_decay=0.01,
                                   warmup_steps=3, total_steps=total)
@@ -119,3 +120,23 @@ def test_zero_stage_0_export_and_stale_checkpoints_removed(toy, tmp_path):
     _, result = run_toy(toy, tmp_path, total=2, zero_stage=0, checkpoint_every=0)
     assert result.start_step == 0
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_0000002"]
+
+
+def test_a_constant_speed_loop_logs_a_constant_rate(toy, tmp_path):
+    """Each micro-batch takes a fixed time per input unit, so tokens/s must be the same at every
+    log line; validation and checkpoints (also slow here) are timed apart, not in the rate."""
+    seconds_per_unit = 4e-4
+
+    class ConstantSpeed(toy.Model):
+        def forward(self, batch, task):
+            time.sleep(float(batch["txt_mask"].sum()) * seconds_per_unit)
+            return super().forward(batch, task)
+
+    _, result = run_toy(toy, tmp_path, total=24, checkpoint_every=6, model_cls=ConstantSpeed)
+    rates = [float(v) for _, v in read_tsv(tmp_path / "live/plots/metrics/train/tokens_per_s.tsv")]
+    ceiling = 1 / seconds_per_unit  # the rate if nothing but the sleep took time
+    assert len(rates) == 24 and all(0.5 * ceiling < r < 1.02 * ceiling for r in rates), rates
+    assert max(rates[-6:]) > 0.8 * min(rates[:6]), rates  # no decay over the run
+    timings = result.timings_s
+    assert timings["validation"] > 0 and timings["checkpoint"] > 0
+    assert timings["train"] >= 24 * 2 * 4 * seconds_per_unit  # at least 2 micro-batches of >= 4 tokens a step
