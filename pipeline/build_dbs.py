@@ -173,7 +173,9 @@ def run(params: Params) -> dict[str, Any]:
     img_summary = RunRecord("build_dbs", digest)
     img_summary.counts.update(build_image_dbs(params, data / "features", img_root))
     img_root.mkdir(parents=True, exist_ok=True)
-    img_summary.write(img_root)
+    # the summary vouches for every DB it counts: each must be complete (its data and its own record)
+    db_files = ("data.mdb", "_run.json")
+    img_summary.write(img_root, require=[img_root / n / f for n in img_summary.counts for f in db_files])
 
     nbb = {name: read_json(img_root / name / "nbb.json") for name in img_summary.counts}
     tok = WordPieceTokenizer(cfg.tokenizer)
@@ -185,7 +187,8 @@ def run(params: Params) -> dict[str, Any]:
         if "skipped" in counts:
             log.warning("text DB %s not written: %s", spec.name, counts["skipped"])
     txt_root.mkdir(parents=True, exist_ok=True)
-    txt_summary.write(txt_root)
+    built = [n for n, c in txt_summary.counts.items() if "skipped" not in c]
+    txt_summary.write(txt_root, require=[txt_root / n / f for n in built for f in db_files])
     txt = txt_summary.counts
     log.info("build_dbs: %d image DBs, %d text DBs (%d examples, %d truncated, %d dropped, %d skipped)",
              len(img_summary.counts), sum("skipped" not in c for c in txt.values()),

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 RUN_FILE = "_run.json"
 DONE_SUFFIX = ".done"
@@ -145,6 +145,10 @@ class RunRecord:
     >>> rec = RunRecord("ingest@coco", params.section_digest("sources", "ingest"))
     >>> rec.inputs["captions"] = path; rec.counts["rows"] = 10
     >>> rec.write(out_dir)
+
+    ``extra["outputs"]`` (name -> path, relative paths from the working directory) lists outputs
+    written outside ``out_dir``; :meth:`write` refuses to record a run whose listed output (or a
+    path of its ``require``) is missing.
     """
 
     def __init__(self, stage: str, params_digest: str) -> None:
@@ -155,7 +159,14 @@ class RunRecord:
         self.extra: dict[str, Any] = {}
         self._start = time.time()
 
-    def write(self, out_dir: Path | str, name: str = RUN_FILE) -> dict[str, Any]:
+    def write(self, out_dir: Path | str, name: str = RUN_FILE, *, require: Iterable[Path | str] = ()) -> dict[str, Any]:
+        """Write the record as ``out_dir/name`` (atomically) and return it.
+
+        ``require``: more paths that must exist (checked, not recorded). Raises RuntimeError naming
+        the missing paths of ``extra["outputs"]`` and ``require`` before writing anything: a
+        ``_run.json`` says the stage finished, so it must never stand beside missing outputs.
+        """
+        self.check_outputs(Path(out_dir) / name, require)
         record = {
             "stage": self.stage,
             "params_digest": self.params_digest,
@@ -167,3 +178,14 @@ class RunRecord:
         }
         atomic_write_json(Path(out_dir) / name, record)
         return record
+
+    def check_outputs(self, target: Path, require: Iterable[Path | str] = ()) -> None:
+        """Raise RuntimeError unless every path of ``extra["outputs"]`` and ``require`` exists
+        (``target``: the record about to be written, for the message)."""
+        listed = [(f"output {key!r}", str(path)) for key, path in sorted((self.extra.get("outputs") or {}).items())]
+        missing = [f"{what} ({path})" for what, path in listed + [("required", str(p)) for p in require]
+                   if not Path(path).exists()]
+        if missing:
+            shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise RuntimeError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
+                               f"exist: {shown} (another run may have removed them, or the stage did not write them)")
