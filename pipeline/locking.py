@@ -67,10 +67,11 @@ class LockBusy(RuntimeError):
 
     def __init__(self, key: str, path: Path, holder: Mapping[str, Any] | None, waited_s: float) -> None:
         self.key, self.path, self.holder = key, path, holder
-        waited = f" after waiting {waited_s:.0f}s" if waited_s >= 1 else ""
-        super().__init__(
-            f"{key} is being written by another run{waited}: {path} is held by {describe(holder)}. "
-            f"Wait for it to finish, or unset {WAIT_ENV} (now {os.environ.get(WAIT_ENV)!r}) to wait for it")
+        waited = f" after waiting {waited_s:.1f}s" if waited_s >= 0.05 else ""
+        setting = os.environ.get(WAIT_ENV)
+        hint = f", or unset {WAIT_ENV} (now {setting!r}) to queue behind it" if setting else ""
+        super().__init__(f"{key} is being written by another run{waited}: {path} is held by {describe(holder)}. "
+                         f"Run again when it has finished (the lock goes when it ends, even if killed){hint}")
 
 
 def sanitize(key: str) -> str:
@@ -167,8 +168,8 @@ def _acquire(fd: int, path: Path, key: str, *, shared: bool, wait: bool | float,
         if deadline is not None and now >= deadline:
             raise LockBusy(key, path, read_holder(path), now - start)
         if last_log is None or now - last_log >= log_every:
-            still = f"still waiting ({now - start:.0f}s) for" if last_log is not None else "waiting for"
-            log.warning("%s %s: held by %s (lock %s)", still, key, describe(read_holder(path)), path)
+            what = f"still waiting for {key} ({now - start:.0f}s)" if last_log is not None else f"waiting for {key}"
+            log.warning("%s: held by %s (lock %s)", what, describe(read_holder(path)), path)
             last_log = now
         time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - now)))
     if last_log is not None:
