@@ -4,6 +4,9 @@ Every section of ``params.yaml`` maps to a frozen dataclass in ``pipeline/config
 strict: an unknown or misspelled key, a value of the wrong type, or a missing required key raises
 :class:`ParamsError` naming the dotted key (``pretrain.mix_ratio.mlm``) and the file. Paths marked
 ``must_exist`` are checked after parsing, so a wrong source path fails before any work starts.
+Values are checked too: a key's range sits on its field (``bounded`` in ``pipeline/configs``, e.g.
+``pretrain.steps: must be an integer in [1, 10000000], got 0``), checked first; then a section's
+``problems()`` (rules between keys, mappings, names), so a stage never starts with a value it cannot run.
 
 ``--set a.b=value`` overrides are applied to the raw mapping before parsing; the value is read as
 YAML (``--set pretrain.steps=10`` gives an int, ``--set sources.cc.train_tsv=null`` gives None).

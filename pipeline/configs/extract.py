@@ -41,8 +41,8 @@ class ExtractConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         """Keys of this section that are wrong, as (key, message); the parser raises on them."""
-        few = self.max_boxes < self.min_boxes
+        few = f"must be >= extract.min_boxes ({self.min_boxes}), got {self.max_boxes}"
         return checked(sources=subset_problem(self.sources, IMAGE_SOURCES),
-                       max_boxes=f"must be >= extract.min_boxes ({self.min_boxes}), got {self.max_boxes}" if few else None,
+                       max_boxes=few if self.max_boxes < self.min_boxes else None,
                        weights="butd_r101 has no weights of its own: set extract.weights to its file"
                        if self.detector == "butd_r101" and self.weights is None else None)

@@ -13,9 +13,11 @@ TASKS = ("vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus")
 
 @dataclass(frozen=True)
 class TaskConfig:
-    steps: int = bounded(300, 1, MAX_STEPS)  # optimizer steps (the same budget for the pretrained and the scratch start)
+    # optimizer steps (the same budget for the pretrained and the scratch start)
+    steps: int = bounded(300, 1, MAX_STEPS)
     lr: float = bounded(5e-5, 0, 1, lo_open=True)  # peak learning rate
-    batch_tokens: int = bounded(4096, 1, MAX_TOKENS)  # training micro batch: padded text tokens + regions, all rows of an example
+    # training micro batch: padded text tokens + regions, all rows of an example
+    batch_tokens: int = bounded(4096, 1, MAX_TOKENS)
     warmup_steps: int = bounded(30, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
 
 
@@ -48,8 +50,8 @@ class FinetuneConfig:
         missing = [t for t in self.tasks if t in TASKS and t not in self.per_task]  # unknown ones: `tasks` says so
         pool = None
         if self.retrieval_neg_pool < self.retrieval_hard_negatives:
-            pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives ({self.retrieval_hard_negatives}),"
-                    f" got {self.retrieval_neg_pool}")
+            pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives "
+                    f"({self.retrieval_hard_negatives}), got {self.retrieval_neg_pool}")
         return checked(
             tasks=subset_problem(self.tasks, TASKS),
             per_task=subset_problem(self.per_task, TASKS, nonempty=False)

@@ -38,7 +38,8 @@ class MiniWorldConfig:
     n_planted_each: int = bounded(6, 1, 1000)
     n_vqa_test: int = bounded(50, 1, MAX_COUNT)  # COCO test2015 images carrying the VQA test questions
     vqa_questions_per_image: int = bounded(3, 1, 100)
-    n_refcoco_images: int = bounded(120, 1, MAX_COUNT)  # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
+    # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
+    n_refcoco_images: int = bounded(120, 1, MAX_COUNT)
     # naming: expressions the detector's class names answer; comparing: comparing ones first where a scene has them
     refcoco_expressions: Literal["naming", "comparing"] = "naming"
 
@@ -48,10 +49,12 @@ class MiniWorldConfig:
             return f"needs {need} {what} ids, more than the {size} the COCO writer draws from" if need > size else None
 
         return checked(
-            n_coco=pool(self.n_coco + self.n_vqa_test, COCO_IMAGE_IDS, "image (mini_world.n_coco + mini_world.n_vqa_test)"),
+            n_coco=pool(self.n_coco + self.n_vqa_test, COCO_IMAGE_IDS,
+                        "image (mini_world.n_coco + mini_world.n_vqa_test)"),
             captions_per_image=pool(self.n_coco * self.captions_per_image, COCO_CAPTION_IDS,
                                     "caption (mini_world.n_coco * mini_world.captions_per_image)"),
-            max_objects=pool(self.n_coco * self.max_objects, COCO_INSTANCE_IDS, "instance (mini_world.n_coco * mini_world.max_objects)"),
+            max_objects=pool(self.n_coco * self.max_objects, COCO_INSTANCE_IDS,
+                             "instance (mini_world.n_coco * mini_world.max_objects)"),
         )
 
 

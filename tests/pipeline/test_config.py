@@ -171,7 +171,8 @@ BAD = [
     (["extract.sources=[coco, ../x]"], "extract.sources"),
     (["ingest.max_text_chars=0"], "ingest.max_text_chars"),
     (["pretrain.hostfile=/nonexistent/hostfile"], "pretrain.hostfile"),
-    *[([f"pretrain.out_name={name}"], "pretrain.out_name") for name in ("/abs/dir", "../../x", "a/b", ".", "..", "''", "a b")],
+    *[([f"pretrain.out_name={name}"], "pretrain.out_name")
+      for name in ("/abs/dir", "../../x", "a/b", ".", "..", "''", "a b")],
 ]
 
 
