@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.runinfo import chmod_as_open
+
 CORE_FIELDS: tuple[pa.Field, ...] = (
     pa.field("example_id", pa.string(), nullable=False),
     pa.field("dataset", pa.string(), nullable=False),
@@ -126,6 +128,7 @@ class ParquetStreamWriter:
         assert self._writer is not None, "writer already closed"
         self._writer.close()
         self._writer = None
+        chmod_as_open(self._tmp)
         os.replace(self._tmp, self.path)
         return self.rows_written
 

@@ -81,9 +81,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        # mkstemp creates 0600; give the file the mode a plain open() would (other users, e.g. an
-        # Airflow worker in docker, must be able to read stage outputs)
-        os.chmod(tmp, 0o666 & ~_umask())
+        chmod_as_open(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -189,3 +187,9 @@ class RunRecord:
             shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise RuntimeError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
                                f"exist: {shown} (another run may have removed them, or the stage did not write them)")
+
+
+def chmod_as_open(path: Path | str) -> None:
+    """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open()`` would: 0666 less
+    the umask. Other users, e.g. an Airflow worker in docker, must be able to read stage outputs."""
+    os.chmod(path, 0o666 & ~_umask())
