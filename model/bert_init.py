@@ -1,8 +1,9 @@
 """Initialize UNITER's text side from a BERT checkpoint with Hugging Face parameter names.
 
-The checkpoint is a ``.safetensors`` file or a PyTorch state dict read with
-``torch.load(weights_only=True)`` (never arbitrary pickle), or a directory holding one of those
-(``model.safetensors`` / ``pytorch_model.bin``). Keys may carry a ``bert.`` prefix; old
+The checkpoint is a ``.safetensors`` file, a PyTorch state dict read with
+:func:`model.weights_file.load_plain_torch` (never arbitrary pickle: a file holding other pickled
+objects is refused with :class:`~model.weights_file.UnsafeCheckpointError`), or a directory
+holding one of those (``model.safetensors`` / ``pytorch_model.bin``). Keys may carry a ``bert.`` prefix; old
 ``LayerNorm.gamma/beta`` names are accepted. An MLM head (``cls.predictions.*``) is loaded too
 when the checkpoint has one and the model has an ``mlm`` head.
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from model.weights_file import load_plain_torch
 
 __all__ = ["BertInitReport", "default_bert_checkpoint", "load_bert_weights", "read_bert_state"]
 
@@ -81,14 +84,17 @@ def _resolve(path: Path) -> Path:
 
 
 def read_bert_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a checkpoint into a state dict with normalized HF BERT names (no ``bert.`` prefix)."""
+    """Read a checkpoint into a state dict with normalized HF BERT names (no ``bert.`` prefix).
+
+    Raises UnsafeCheckpointError naming the file when a torch file holds more than tensors.
+    """
     path = _resolve(Path(path))
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         raw = load_file(str(path))
     else:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw = load_plain_torch(path)
         if isinstance(raw, dict) and "state_dict" in raw and isinstance(raw["state_dict"], dict):
             raw = raw["state_dict"]
     state = {}

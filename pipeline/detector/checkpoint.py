@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from model.weights_file import load_plain_torch
+
 # (module, name) pairs a weights pickle may reference: numpy array reconstruction only (protocol 2
 # pickles spell raw bytes as _codecs.encode(str, "latin1")).
 _SAFE_GLOBALS = {
@@ -61,7 +63,8 @@ def read_state(path: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, Any
 
     ``.pkl``: the caffe-converted layout (``meta`` holds ``__author__`` if present).
     Anything else: a torch file holding ``{"model": state_dict, "meta": {...}}`` or a bare state
-    dict, loaded with ``weights_only=True``.
+    dict, loaded with tensors and plain containers only: a file holding other pickled objects
+    raises :class:`~model.weights_file.UnsafeCheckpointError` naming the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -72,7 +75,7 @@ def read_state(path: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, Any
         except (pickle.UnpicklingError, EOFError, ValueError) as err:
             raise CheckpointError(f"{path}: not a caffe-converted detectron2 pickle ({err})") from None
     else:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = load_plain_torch(path)
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{path}: expected a mapping at the top level, got {type(obj).__name__}")
     raw = obj.get("model", obj)

@@ -1,0 +1,55 @@
+"""Read a torch-format weights file without running code from it.
+
+``torch.load(weights_only=True)`` builds tensors and plain containers only; a file whose pickle
+names anything else (a class, a function such as ``os.system``) is refused. Torch's own message
+for that names no file and suggests loading again with the unsafe setting, so this module
+replaces it with :class:`UnsafeCheckpointError`, which names the file and what was refused.
+Torch is imported inside :func:`load_plain_torch` so that catching the error class stays cheap.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["UnsafeCheckpointError", "load_plain_torch"]
+
+# what torch's weights-only unpickler names when it refuses: "GLOBAL posix.system", "operand 149"
+_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
+_OPERAND_RE = re.compile(r"Unsupported operand (\d+)")
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A weights file holds pickled Python objects beyond tensors and plain containers; not loaded."""
+
+
+def _refused(path: Path | str, torch_message: str) -> UnsafeCheckpointError:
+    """The error for ``path``, naming the global or pickle opcode torch refused (when it says)."""
+    if found := _GLOBAL_RE.search(torch_message):
+        what = f"it names {found.group(1)}"
+    elif found := _OPERAND_RE.search(torch_message):
+        what = f"it uses pickle opcode {found.group(1)}, which a plain tensor file does not"
+    else:
+        what = "it is not a plain tensor file"
+    return UnsafeCheckpointError(
+        f"{path}: refused to load as unsafe: it holds pickled Python objects beyond tensors and plain "
+        f"containers ({what}), and unpickling those could run code; convert it to safetensors or to a "
+        "plain state dict of tensors"
+    )
+
+
+def load_plain_torch(path: Path | str) -> Any:
+    """Load a torch file (``torch.save`` output) onto the CPU: tensors and plain containers only.
+
+    Raises :class:`UnsafeCheckpointError` naming ``path`` when the file holds anything else;
+    nothing from the file runs.
+    """
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # from None: torch's message (in the chained traceback) recommends the unsafe retry
+        raise _refused(path, str(err)) from None
