@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from model.weights_file import UnsafeCheckpointError
     from pipeline.locking import BUSY_EXIT, PRETRAIN_OUTPUTS, LockBusy, stage_locks, wait_from_env
+    from pipeline.sources.records import SourceFormatError
 
     try:
         wait = wait_from_env()
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return BUSY_EXIT
+    except (SourceFormatError, UnsafeCheckpointError) as err:  # an input file to replace: no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -171,12 +171,44 @@ def raw_text(raw: Any) -> str:
     return text
 
 
+class SourceFormatError(ValueError):
+    """A whole source file is not in the shape its reader needs (not JSON, truncated, a wrong top
+    level); the message names the file and where. The CLI reports it without a traceback (exit 2)."""
+
+
+# What a document cut short leaves after the parse error: nothing, part of a literal or of a number
+_CUT_LITERALS = ("true", "false", "null")
+_CUT_NUMBER = re.compile(r"-|[.eE][+-]?")
+
+
+def _looks_truncated(text: str, err: json.JSONDecodeError) -> bool:
+    """True when the error is where a document cut short would fail: at the end of the text, in
+    a string that runs to the end, or in a literal or number the end cuts off."""
+    if err.msg.startswith("Unterminated string"):
+        return True
+    rest = text[err.pos:].rstrip()
+    return not rest or any(word.startswith(rest) for word in _CUT_LITERALS) or bool(_CUT_NUMBER.fullmatch(rest))
+
+
+def _json_error(path: Path, text: str, err: json.JSONDecodeError) -> SourceFormatError:
+    """The error for ``text`` (the contents of ``path``) failing to parse: file, line, column,
+    character offset and JSON's reason, and whether the file looks truncated or is empty."""
+    where = f"line {err.lineno} column {err.colno} (char {err.pos})"
+    # "Unterminated string starting at" (json's wording) refers to the position given before it
+    message = f"{path}: not valid JSON at {where}: {err.msg.removesuffix(' starting at')}"
+    if not text.strip():
+        message += "; the file is empty"
+    elif _looks_truncated(text, err):
+        message += f"; the file looks truncated (it ends at char {len(text)})"
+    return SourceFormatError(message)
+
+
 def load_json(path: Path) -> tuple[Any, bool]:
     """Load a single-document JSON file; returns (document, clean).
 
     A file with bytes that are not UTF-8 still loads (decoded with ``surrogateescape``) and
     ``clean`` is False, so readers can reject just the records that carry such bytes.
-    Raises ValueError naming the file when it is not JSON at all.
+    Raises :class:`SourceFormatError` (see :func:`_json_error`) when it is not valid JSON.
     """
     data = Path(path).read_bytes()
     try:
@@ -186,15 +218,15 @@ def load_json(path: Path) -> tuple[Any, bool]:
     try:
         return json.loads(text), clean
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not a valid JSON document ({err})") from None
+        raise _json_error(path, text, err) from None
 
 
 def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
-    """``doc[key]`` (or ``doc``) as a list, or ValueError naming the file and key."""
+    """``doc[key]`` (or ``doc``) as a list, or SourceFormatError naming the file and key."""
     value = doc.get(key) if key is not None and isinstance(doc, Mapping) else (doc if key is None else None)
     if not isinstance(value, list):
         where = f"'{key}'" if key else "the top level"
-        raise ValueError(f"{path}: expected a list at {where}, got {type(value).__name__}")
+        raise SourceFormatError(f"{path}: expected a list at {where}, got {type(value).__name__}")
     return value
 
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from pipeline.sources.coco import index_by_id
 from pipeline.sources.records import (
-    BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, check_int, expect_list,
-    load_json, missing_keys, record_has_surrogates,
+    BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, SourceFormatError,
+    check_int, expect_list, load_json, missing_keys, record_has_surrogates,
 )
 
 DATASET = "refcoco"
@@ -41,7 +41,7 @@ SPLITS = ("train", "val", "testA", "testB", "test")
 COCO_SPLIT_RE = re.compile(r"COCO_(train2014|val2014)_")
 
 
-class UnsafePickleError(pickle.UnpicklingError):
+class UnsafePickleError(pickle.UnpicklingError, SourceFormatError):
     """A pickle that would build something other than plain data (and could run code)."""
 
 
@@ -77,7 +77,7 @@ def load_plain_pickle(path: Path | str) -> Any:
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
-        raise ValueError(f"{path}: not a readable pickle ({type(err).__name__}: {err})") from None
+        raise SourceFormatError(f"{path}: not a readable pickle ({type(err).__name__}: {err})") from None
 
 
 def input_files(sources) -> dict[str, Path]:
@@ -131,7 +131,7 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
     refs_path, instances_path = Path(src.refs), Path(src.instances)
     refs = load_plain_pickle(refs_path)
     if not isinstance(refs, list):
-        raise ValueError(f"{refs_path}: expected a pickled list of refs, got {type(refs).__name__}")
+        raise SourceFormatError(f"{refs_path}: expected a pickled list of refs, got {type(refs).__name__}")
     instances, _ = load_json(instances_path)
     anns = index_by_id(expect_list(instances, instances_path, "annotations"), "id")
     images = index_by_id(expect_list(instances, instances_path, "images"), "id")
