@@ -121,8 +121,22 @@ def decode_value(buf: bytes | memoryview) -> dict[str, Any]:
 # writer
 
 
+class DiskFullError(OSError):
+    """The filesystem an LMDB was being written to ran out of space (the message names the DB)."""
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
 class LmdbWriter:
     """Write one LMDB into ``work_dir`` in sorted key order and finish with a compacted copy.
+
+    ``name`` (default: ``work_dir``) names the DB in errors; running out of disk space raises
+    :class:`DiskFullError` naming it. Callers ``abort()`` on any error, which removes the work dir.
 
     >>> with atomic_dir(final, stage="build_dbs") as tmp:
     ...     w = LmdbWriter(tmp / ".work", commit_every=1000)
@@ -130,10 +144,12 @@ class LmdbWriter:
     ...     w.finish(tmp)            # tmp/data.mdb; work dir removed
     """
 
-    def __init__(self, work_dir: Path, *, commit_every: int, map_size: int = INITIAL_MAP_SIZE) -> None:
+    def __init__(self, work_dir: Path, *, commit_every: int, map_size: int = INITIAL_MAP_SIZE,
+                 name: str | None = None) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {commit_every}")
         self.work_dir = Path(work_dir)
+        self.name = name or str(self.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=False)
         self.commit_every = commit_every
         self._env = lmdb.open(str(self.work_dir), map_size=map_size, subdir=True, sync=False,
@@ -171,6 +187,9 @@ class LmdbWriter:
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
                 self.map_growths += 1
+            except lmdb.Error as err:
+                self._raise_if_no_space(err, self.work_dir, sum(len(k) + len(v) for k, v in self._pending))
+                raise
         self._pending = []
         self.commits += 1
 
@@ -179,7 +198,12 @@ class LmdbWriter:
         self.commit()
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self._env.copy(str(out_dir), compact=True)
+        try:
+            self._env.copy(str(out_dir), compact=True)
+        except lmdb.Error as err:
+            used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+            self._raise_if_no_space(err, out_dir, used, partial=out_dir / "data.mdb")
+            raise
         self._env.close()
         shutil.rmtree(self.work_dir)
         return out_dir / "data.mdb"
@@ -187,6 +211,23 @@ class LmdbWriter:
     def abort(self) -> None:
         self._env.close()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _raise_if_no_space(self, err: lmdb.Error, target: Path, needed: int, partial: Path | None = None) -> None:
+        """Raise DiskFullError from ``err`` when writing about ``needed`` bytes under ``target`` failed
+        for lack of space (then remove the ``partial`` file, if given); return otherwise.
+
+        LMDB reports ENOSPC as DiskError but a short write as a bare EIO error, so any other LMDB
+        error counts as disk full when fewer than ``needed`` bytes are free.
+        """
+        usage = shutil.disk_usage(target)
+        if not isinstance(err, lmdb.DiskError) and usage.free >= needed:
+            return
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        raise DiskFullError(
+            f"disk full while writing the LMDB {self.name}: {usage.free} bytes free on {_mount_point(target)}, "
+            f"about {needed} more needed (LMDB: {err}); the partial DB is discarded"
+        ) from err
 
 
 def write_lmdb(out_dir: Path, items: Iterable[tuple[str, bytes]], *, commit_every: int) -> LmdbWriter:
