@@ -12,7 +12,6 @@ in its image DB (e.g. rejected at extraction) are dropped and counted; texts lon
 from __future__ import annotations
 
 import logging
-import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any

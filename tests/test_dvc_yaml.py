@@ -21,10 +21,11 @@ from pipeline.stages import STAGES
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "model")
 # Plumbing every stage imports that does not change the bytes a stage writes: the params parser
-# (its values are deps key by key), the stage registry and CLI, and run records (only `_run.json`).
+# (its values are deps key by key), the stage registry and CLI, run records (only `_run.json`) and
+# the ownership marker (it says which stage wrote a directory, never what the stage computed).
 PLUMBING = {
     "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/config.py", "pipeline/stages.py",
-    "pipeline/runinfo.py", "model/__init__.py",
+    "pipeline/runinfo.py", "pipeline/ownership.py", "model/__init__.py",
 }
 PLUMBING_DIRS = ("pipeline/configs/",)
 
