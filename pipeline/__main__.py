@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from model.weights_file import UnsafeCheckpointError
     from pipeline.locking import BUSY_EXIT, PRETRAIN_OUTPUTS, LockBusy, stage_locks, wait_from_env
+    from pipeline.ownership import ForeignDirectoryError
     from pipeline.sources.records import SourceFormatError
+    from pipeline.stores import DiskFullError
 
     try:
         wait = wait_from_env()
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceFormatError, UnsafeCheckpointError) as err:  # an input file to replace: no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (ForeignDirectoryError, DiskFullError) as err:  # the machine's state, not a bug: say what to fix
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

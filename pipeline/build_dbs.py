@@ -79,7 +79,7 @@ def write_text_db(out_dir: Path, spec: TextDbSpec, tok: WordPieceTokenizer, nbb:
     run.inputs.update(inputs)
     id2len, txt2img, img2txts = {}, {}, {}
     with atomic_dir(out_dir, stage="build_dbs") as tmp:
-        writer = LmdbWriter(tmp / ".work", commit_every=commit_every)
+        writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))
         try:
             for rec in kept:
                 value = {k: v for k, v in rec.items() if k != "example_id"}

@@ -127,7 +127,7 @@ def build_image_db(feat_dir: Path, out_dir: Path, *, compression: str, commit_ev
     regions = raw_f32 = 0
     dim, classes = int(feat_meta["feature_dim"]), int(feat_meta["num_classes"])
     with atomic_dir(out_dir, stage="build_dbs") as tmp:
-        writer = LmdbWriter(tmp / ".work", commit_every=commit_every)
+        writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))
         try:
             for image_id, rec in tqdm(iter_image_records(shards), desc=f"image DB {name}", unit="img",
                                       mininterval=2.0):

@@ -9,11 +9,14 @@ refuses before doing any work, so these tests take seconds.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from dbs_synthetic import built_world, params_for
+from dbs_synthetic import ROOT, built_world, params_for
 from pipeline.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
 from pipeline.runinfo import atomic_dir
 
@@ -190,3 +193,30 @@ def _cleanup(target: Path) -> None:
     if target.exists():
         write_marker(target, "test")
         remove_owned(target)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line, as the issue tried it
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "UNITER_LOCK_WAIT": "0"}
+    return subprocess.run([sys.executable, "-m", "pipeline", *args, "--set", f"paths.data={tmp_path / 'data'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("out_name", ["ABS", "../../../decoy2", "..", "a/b"])
+def test_an_artifact_name_that_is_a_path_is_refused_before_any_work(tmp_path, out_name):
+    target = decoy(tmp_path / "decoy")
+    value = str(target) if out_name == "ABS" else out_name
+    done = cli(tmp_path, "pretrain", "--set", f"pretrain.out_name={value}")
+    assert done.returncode == 2 and "pretrain.out_name" in done.stderr and "Traceback" not in done.stderr
+    assert intact(target) and not (tmp_path / "data").exists()
+
+
+def test_the_cli_names_a_foreign_directory_without_a_traceback(tmp_path):
+    target = decoy(tmp_path / "mine")
+    done = cli(tmp_path, "mini_world", "--set", f"mini_world.out_dir={target}")
+    assert done.returncode == 1, done.stderr
+    assert f"refusing to replace {target}" in done.stderr and "Traceback" not in done.stderr
+    assert intact(target)
