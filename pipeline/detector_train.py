@@ -36,6 +36,7 @@ import torch  # isort: skip
 from pipeline.config import Params, to_dict
 from pipeline.detector.extractor import RegionExtractor, Regions
 from pipeline.image_io import ImageRejected, decode_image
+from pipeline.ownership import preflight
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 
 log = logging.getLogger("pipeline.train_detector")
@@ -220,6 +221,7 @@ def run(params: Params) -> dict:
     start = time.time()
     cfg = params.extract.train
     world = Path(params.mini_world.out_dir)
+    preflight(Path(params.paths.data) / "models" / "detector")  # refuse a foreign folder before training
     torch.manual_seed(params.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False  # NaN-filling every new tensor costs ~10%

@@ -188,6 +188,24 @@ def test_mini_world_refuses_to_replace_a_foreign_out_dir(tmp_path):
     assert intact(target)
 
 
+def test_train_detector_refuses_a_foreign_model_directory_before_training(tmp_path):
+    from pipeline.detector_train import run
+
+    target = decoy(tmp_path / "data" / "models" / "detector")
+    with pytest.raises(ForeignDirectoryError, match=str(target)):
+        run(params_for(tmp_path / "data", f"mini_world.out_dir={tmp_path / 'no-world'}"))
+    assert intact(target)
+
+
+def test_plots_refuse_to_replace_a_foreign_report_directory(tmp_path):
+    from pipeline.plots import run
+
+    target = decoy(tmp_path / "data" / "reports" / "plots")
+    with pytest.raises(ForeignDirectoryError, match=str(target)):
+        run(params_for(tmp_path / "data"))
+    assert intact(target)
+
+
 def _cleanup(target: Path) -> None:
     """Remove a test's own decoy (marked first, so the production helper is the one removing it)."""
     if target.exists():
