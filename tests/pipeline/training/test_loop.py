@@ -125,7 +125,7 @@ def test_zero_stage_0_export_and_stale_checkpoints_removed(toy, tmp_path):
 def test_a_constant_speed_loop_logs_a_constant_rate(toy, tmp_path):
     """Each micro-batch takes a fixed time per input unit, so tokens/s must be the same at every
     log line; validation and checkpoints (also slow here) are timed apart, not in the rate."""
-    seconds_per_unit = 4e-4
+    seconds_per_unit = 1e-3  # the sleep dominates each step, even on a loaded machine
 
     class ConstantSpeed(toy.Model):
         def forward(self, batch, task):
@@ -135,8 +135,10 @@ def test_a_constant_speed_loop_logs_a_constant_rate(toy, tmp_path):
     _, result = run_toy(toy, tmp_path, total=24, checkpoint_every=6, model_cls=ConstantSpeed)
     rates = [float(v) for _, v in read_tsv(tmp_path / "live/plots/metrics/train/tokens_per_s.tsv")]
     ceiling = 1 / seconds_per_unit  # the rate if nothing but the sleep took time
-    assert len(rates) == 24 and all(0.5 * ceiling < r < 1.02 * ceiling for r in rates), rates
-    assert max(rates[-6:]) > 0.8 * min(rates[:6]), rates  # no decay over the run
+    # a constant rate below the ceiling (compute adds to the sleep, more so on a loaded machine);
+    # the old loop's rate fell like 1/step, to a 24th of the first value by step 24
+    assert len(rates) == 24 and all(0.25 * ceiling < r < 1.02 * ceiling for r in rates), rates
+    assert max(rates) < 2 * min(rates) and max(rates[-6:]) > 0.6 * min(rates[:6]), rates
     timings = result.timings_s
     assert timings["validation"] > 0 and timings["checkpoint"] > 0
     assert timings["train"] >= 24 * 2 * 4 * seconds_per_unit  # at least 2 micro-batches of >= 4 tokens a step
