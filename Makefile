@@ -18,7 +18,7 @@ export OMP_WAIT_POLICY := PASSIVE
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test test-full test-fast airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup demo test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -51,6 +51,12 @@ test-full: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "not e2e and not airflow and not demo"
+
+# The one-GPU check (docs/gpu.md): extraction, pretraining MFU, fine-tuning steps/s and bf16
+# numerics in <= 8 min on one GPU -> $(OUT_JSON) (default gpu_check.json). DRY=1: the same script
+# on the CPU with tiny shapes (`make test` runs it via tests/bench/test_gpu_check.py).
+gpu-check: $(STAMP)
+	$(BIN)/python bench/gpu_check.py $(if $(DRY),--dry) --out $(or $(OUT_JSON),gpu_check.json)
 
 clean-venv:
 	rm -rf $(VENV)
