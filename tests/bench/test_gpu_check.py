@@ -1,0 +1,74 @@
+"""`make gpu-check DRY=1` inside `make test`: the GPU check's script runs end to end on the CPU with
+tiny shapes, so it still works on the day a GPU turns up (docs/gpu.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "gpu_check.py"
+
+# every throughput figure the docs quote, by section
+FIGURES = {
+    "extraction": ["images_per_s", "regions_per_image"],
+    "pretrain": ["tokens_per_s", "step_s", "gflop_per_step", "tflops", "mfu"],
+    "finetune": ["steps_per_s", "examples_per_s"],
+}
+ENVIRONMENT = ["device", "torch", "cuda", "deepspeed", "date", "wall_s"]
+GOALS = ["extraction_images_per_s", "pretrain_mfu", "numerics_bf16_vs_fp32"]
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def test_dry_run_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    proc = run("--dry", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    assert report["dry"] is True
+    assert all(report.get(k) not in (None, "") for k in ENVIRONMENT if k != "cuda"), report
+    sections = report["sections"]
+    assert set(sections) == {*FIGURES, "numerics"}
+    for name, keys in FIGURES.items():
+        assert "error" not in sections[name], sections[name]
+        bad = {k: sections[name].get(k) for k in keys if not positive(sections[name].get(k))}
+        assert not bad, f"{name}: not positive numbers: {bad}"
+
+    # numerics: fp32 vs bf16 (both on the CPU in a dry run) for every pretraining task, within tolerance
+    num = sections["numerics"]
+    assert set(num["losses"]) == {"mlm", "mrfr", "mrc", "mrc_kl", "itm"}
+    for task, v in num["losses"].items():
+        assert positive(v["fp32_cpu"]) and positive(v["bf16_cpu"]), (task, v)
+        assert 0 <= v["rel_diff"] <= num["tolerance"], (task, v)
+    assert num["pass"] is True
+
+    goals = report["goals"]
+    assert set(goals) == set(GOALS)
+    # throughput goals are not judged on a dry run; the numerics goal is
+    assert goals["extraction_images_per_s"]["met"] is None and goals["pretrain_mfu"]["met"] is None
+    assert goals["numerics_bf16_vs_fp32"]["met"] is True
+
+
+def test_full_run_without_a_gpu_says_so(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the full run would start")
+    out = tmp_path / "gpu_check.json"
+    proc = run("--out", str(out))
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
+    assert not out.exists()
