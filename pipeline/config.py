@@ -19,6 +19,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import logging
 import math
 import types
 import typing
@@ -39,6 +40,7 @@ from pipeline.configs.pretrain import PretrainConfig
 from pipeline.configs.world import MiniWorldConfig, SourcesConfig
 
 DEFAULT_PARAMS = Path("params.yaml")
+log = logging.getLogger(__name__)
 
 
 class FrozenDict(dict):
@@ -224,14 +226,79 @@ def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:
     return match[0] if match else None
 
 
-def _check_paths(obj: Any, prefix: str, errors: list[str]) -> None:
+def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
+    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
+
+    ``needed_by`` (``{dotted key or section: [stage, ...]}``), when given, limits the check to the keys
+    it names (a section names all its keys) and adds ``(needed by <stages>)`` to each message.
+    """
     for f in fields(obj):
         value = getattr(obj, f.name)
         key = f"{prefix}.{f.name}" if prefix else f.name
         if is_dataclass(value):
-            _check_paths(value, key, errors)
-        elif f.metadata.get("must_exist") and value is not None and not Path(value).exists():
-            errors.append(f"{key}: path does not exist: {value}")
+            _check_paths(value, key, errors, needed_by)
+            continue
+        if not f.metadata.get("must_exist") or value is None:
+            continue
+        stages = None if needed_by is None else needed_by.get(prefix, []) + needed_by.get(key, [])
+        if stages == [] or Path(value).exists():
+            continue
+        errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
+
+
+# where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)
+IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
+# the dataset whose manifest (and text DB) each fine-tuning task reads
+TASK_DATASET = {"vqa": "vqa", "vcr": "vcr", "nlvr2": "nlvr2", "snli_ve": "snli_ve",
+                "retrieval_flickr": "flickr30k", "refcoco_plus": "refcoco"}
+
+
+def source_needs(params: Params) -> dict[str, list[str]]:
+    """``{"sources.<dataset>" or "sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
+
+    ingest@D reads all of ``sources.D`` (and the image root of IMAGES_OF[D]); decontaminate reads the
+    image roots of the pretraining and eval datasets (pHash, only with ``near_duplicates``); extract@S
+    reads ``sources.S.image_root`` for each of ``extract.sources``.
+    """
+    needs: dict[str, list[str]] = {}
+
+    def add(key: str, stage: str) -> None:
+        if stage not in needs.setdefault(key, []):
+            needs[key].append(stage)
+
+    def image_root(dataset: str) -> str:
+        return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
+
+    for dataset in params.ingest.datasets:
+        add(f"sources.{dataset}", f"ingest@{dataset}")
+        if dataset in IMAGES_OF:
+            add(image_root(dataset), f"ingest@{dataset}")
+    dec = params.decontaminate
+    if dec.near_duplicates:
+        for dataset in (*dec.pretrain_datasets, *(d for d, splits in dec.eval_splits.items() if splits)):
+            add(image_root(dataset), "decontaminate")
+    for source in params.extract.sources:
+        add(image_root(source), f"extract@{source}")
+    return needs
+
+
+def unread_inputs(params: Params) -> list[str]:
+    """Configured stages whose inputs ``ingest.datasets`` does not produce, one message each (logged, not raised).
+
+    A fine-tuning task (or an eval split decontamination reads) whose dataset is not ingested has no
+    manifest to read; the pretraining stages run fine without it, so this is a warning, not an error.
+    """
+    ingested = set(params.ingest.datasets)
+    messages = [f"finetune.tasks: task {task} needs dataset {TASK_DATASET[task]}, which is not in ingest.datasets "
+                f"(finetune@{task} will have no manifest to read)"
+                for task in params.finetune.tasks if TASK_DATASET.get(task, task) not in ingested]
+    messages += [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d, splits in sorted(params.decontaminate.eval_splits.items()) if splits and d not in ingested]
+    messages += [f"decontaminate.pretrain_datasets: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d in params.decontaminate.pretrain_datasets if d not in ingested]
+    return messages
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,10 +339,12 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
         params = _parse_dataclass(Params, raw, "")
     except ParamsError as err:
         raise ParamsError(f"{source}: {err}") from None
+    for message in unread_inputs(params):
+        log.warning("%s: %s", source, message)
     if check_paths:
         errors: list[str] = []
-        if params.world == "real":
-            _check_paths(params.sources, "sources", errors)
+        if params.world == "real":  # only what the configured stages read: a partial download is fine
+            _check_paths(params.sources, "sources", errors, source_needs(params))
         for section in ("model", "pretrain", "extract"):
             _check_paths(getattr(params, section), section, errors)
         if errors:

@@ -235,3 +235,82 @@ def test_cli_out_of_range_value_exits_2_before_any_work(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "pretrain.steps: must be an integer in [1, 10000000], got 0" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "data").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# `world: real` checks only the sources the configured stages read
+
+PARTIAL = ("coco", "vg", "cc", "sbu")  # a user who downloaded the pretraining data only
+
+
+def _real_world(tmp_path: Path, present=PARTIAL, **sections) -> dict:
+    """params.yaml as `world: real` with every source under ``tmp_path``; only ``present`` datasets' files exist.
+
+    ``sections`` replace keys of top-level sections (``ingest={"datasets": [...]}``).
+    """
+    raw = load_raw(PARAMS)
+    raw["world"] = "real"
+    for dataset, keys in raw["sources"].items():
+        for key in [k for k in keys if k != "variant"]:
+            path = tmp_path / dataset / key
+            keys[key] = str(path)
+            if dataset in present:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.mkdir() if key == "image_root" else path.write_text("")
+    for section, values in sections.items():
+        raw[section].update(values)
+    return raw
+
+
+PRETRAIN_ONLY = dict(ingest={"datasets": list(PARTIAL)}, extract={"sources": list(PARTIAL)},
+                     decontaminate={"eval_splits": {"coco": ["test"]}})
+
+
+def test_a_real_world_with_only_the_pretraining_sources_parses(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="pipeline.config"):
+        params = parse_params(_real_world(tmp_path, **PRETRAIN_ONLY))
+    assert params.ingest.datasets == PARTIAL
+    # fine-tuning needs datasets that are not ingested: said at parse time, naming task and dataset
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "finetune.tasks: task vqa needs dataset vqa, which is not in ingest.datasets" in warned
+    assert "task retrieval_flickr needs dataset flickr30k" in warned
+
+
+def test_a_missing_source_names_the_stage_that_reads_it(tmp_path):
+    ingest = {"datasets": [*PARTIAL, "vqa"]}
+    with pytest.raises(ParamsError) as err:
+        parse_params(_real_world(tmp_path, **{**PRETRAIN_ONLY, "ingest": ingest}))
+    message = str(err.value)
+    assert f"sources.vqa.questions_train: path does not exist: {tmp_path}/vqa/questions_train (needed by ingest@vqa)" \
+        in message
+    assert "sources.vcr" not in message and "sources.flickr30k" not in message  # not read by any configured stage
+
+
+def test_shared_image_roots_are_needed_by_the_datasets_that_borrow_them(tmp_path):
+    raw = _real_world(tmp_path, present=(*PARTIAL, "snli_ve"), **PRETRAIN_ONLY)
+    raw["ingest"]["datasets"] = [*PARTIAL, "snli_ve"]
+    with pytest.raises(ParamsError, match=r"sources\.flickr30k\.image_root: path does not exist: .* "
+                                          r"\(needed by ingest@snli_ve\)") as err:
+        parse_params(raw)
+    assert "sources.flickr30k.karpathy" not in str(err.value)  # ingest@snli_ve reads Flickr30k's images only
+
+
+def test_eval_and_extract_image_roots_are_checked_for_their_stages(tmp_path):
+    raw = _real_world(tmp_path, ingest={"datasets": list(PARTIAL)})  # default eval_splits and extract.sources
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    message = str(err.value)
+    assert "sources.flickr30k.image_root: path does not exist" in message
+    assert "(needed by decontaminate, extract@flickr30k)" in message
+    assert "sources.vcr.image_root" in message and "sources.vcr.train" not in message
+    # without the pHash search decontamination reads no images; extract still reads its sources'
+    raw["decontaminate"]["near_duplicates"] = False
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    assert "(needed by extract@flickr30k)" in str(err.value) and "decontaminate" not in str(err.value)
+
+
+def test_the_mini_world_checks_no_sources_and_warns_about_nothing(caplog):
+    with caplog.at_level("WARNING", logger="pipeline.config"):
+        load_params(PARAMS, ["sources.vqa.questions_train=/nope.json"])
+    assert not caplog.records
