@@ -325,7 +325,7 @@ def run_section(name: str, fn, results: dict) -> None:
     print(f"[gpu-check] {name}: {json.dumps(results[name], default=str)[:400]}", flush=True)
 
 
-def goals(sections: dict, dry: bool) -> dict:
+def goals(sections: dict, dry: bool, tolerance: float) -> dict:
     """Each goal with its measured value and met / not met (throughput goals: null in a dry run)."""
     def check(section: str, key: str, goal: float) -> dict:
         value = sections[section].get(key)
@@ -335,7 +335,7 @@ def goals(sections: dict, dry: bool) -> dict:
     num = sections["numerics"]
     return {"extraction_images_per_s": check("extraction", "images_per_s", GOALS["extraction_images_per_s"]),
             "pretrain_mfu": check("pretrain", "mfu", GOALS["pretrain_mfu"]),
-            "numerics_bf16_vs_fp32": {"goal": f"max rel diff <= {num.get('tolerance')}",
+            "numerics_bf16_vs_fp32": {"goal": f"max rel diff <= {tolerance:g}",
                                       "value": num.get("max_rel_diff"), "met": num.get("pass")}}
 
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         run_section("finetune", lambda: finetune(plan, device, precision, args.zero_stage), sections)
     run_section("numerics", lambda: numerics(plan, device, args.tolerance), sections)
     report = {"dry": args.dry, **environment(device), "plan": asdict(plan), "sections": sections,
-              "goals": goals(sections, args.dry), "wall_s": time.perf_counter() - started}
+              "goals": goals(sections, args.dry, args.tolerance), "wall_s": time.perf_counter() - started}
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"[gpu-check] wrote {args.out} ({report['wall_s']:.0f} s)")
     return 1 if any("error" in s for s in sections.values()) else 0
