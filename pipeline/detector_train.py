@@ -114,7 +114,7 @@ def train(model: torch.nn.Module, cfg, scenes: list[SceneImage], images: list[np
           ims_per_batch: int, lr: float, deadline: float | None, seed: int) -> dict:
     """Fit ``model`` in place; return training stats (iterations, time, last losses, stop reason)."""
     from detectron2.utils.events import EventStorage
-    from tqdm import tqdm
+    from pipeline.progress import track
 
     rng = np.random.default_rng(seed)
     min_size = cfg.INPUT.MIN_SIZE_TRAIN[0]
@@ -125,7 +125,7 @@ def train(model: torch.nn.Module, cfg, scenes: list[SceneImage], images: list[np
     start = time.time()
     budget = None if deadline is None else max(1.0, deadline - start)
     stopped_by, it, recent = "max_iters", 0, []
-    bar = tqdm(total=max_iters, desc="train_detector", unit="it", disable=None)
+    bar = track(total=max_iters, desc="train_detector", unit="it")
     storage = EventStorage(0).__enter__()  # detectron2's heads log training statistics into it
     for it in range(max_iters):
         storage.iter = it

@@ -16,8 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 from safetensors import safe_open
-from tqdm import tqdm
 
+from pipeline.progress import track
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest, is_done, tree_digest
 from pipeline.stores import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 
@@ -129,8 +129,8 @@ def build_image_db(feat_dir: Path, out_dir: Path, *, compression: str, commit_ev
     with atomic_dir(out_dir, stage="build_dbs") as tmp:
         writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))
         try:
-            for image_id, rec in tqdm(iter_image_records(shards), desc=f"image DB {name}", unit="img",
-                                      mininterval=2.0):
+            for image_id, rec in track(iter_image_records(shards), desc=f"image DB {name}", unit="img",
+                                       mininterval=2.0):
                 n = rec["features"].shape[0]
                 if rec["features"].shape[1] != dim or rec["soft_labels"].shape[1] != classes:
                     raise ValueError(f"{feat_dir}: image {image_id} has features {rec['features'].shape} / soft_labels "

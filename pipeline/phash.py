@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
-from tqdm import tqdm
 
 from pipeline.image_io import ImageRejected, decode_image
+from pipeline.progress import track
 from pipeline.runinfo import atomic_write_bytes
 
 HASH_BITS = 64
@@ -76,9 +76,10 @@ class PhashCache:
         if todo:
             if self.workers > 1 and len(todo) > 64:
                 with ProcessPoolExecutor(self.workers) as pool:
-                    computed = list(tqdm(pool.map(phash_file, todo, chunksize=32), total=len(todo), desc=desc))
+                    computed = list(track(pool.map(phash_file, todo, chunksize=32), total=len(todo), desc=desc,
+                                           unit="img"))
             else:
-                computed = [phash_file(p) for p in tqdm(todo, desc=desc)]
+                computed = [phash_file(p) for p in track(todo, desc=desc, unit="img")]
             for p, h in zip(todo, computed):
                 self._entries[p] = (*stats[p], h)
             self._dirty = True

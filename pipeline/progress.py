@@ -49,7 +49,8 @@ def track(iterable: Iterable | None = None, *, total: float | None = None, desc:
 
 
 def choose_mode(file: TextIO | None = None) -> str:
-    """``bar``, ``lines`` or ``off``: ``$UNITER_PROGRESS`` when set, else ``bar`` iff ``file`` (stderr) is a terminal."""
+    """``bar``, ``lines`` or ``off``: ``$UNITER_PROGRESS`` when set, else ``bar`` iff ``file`` (default stderr)
+    is a terminal."""
     forced = os.environ.get(ENV, "").strip().lower()
     if forced:
         if forced not in MODES:

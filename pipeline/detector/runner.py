@@ -229,7 +229,7 @@ def run_shards(jobs: list[ShardJob], settings: ExtractSettings, *, workers: int,
 
     Raises ExtractionInterrupted after ``$PIPELINE_EXTRACT_STOP_AFTER_SHARDS`` written shards.
     """
-    from tqdm import tqdm
+    from pipeline.progress import track
 
     summary = RunSummary()
     markers: dict[int, dict] = {}
@@ -243,7 +243,7 @@ def run_shards(jobs: list[ShardJob], settings: ExtractSettings, *, workers: int,
             summary.shards_skipped += 1
     stop_after = _stop_after()
     written = 0
-    with tqdm(total=len(jobs), initial=len(markers), desc=desc, unit="shard", disable=None) as bar:
+    with track(total=len(jobs), initial=len(markers), desc=desc, unit="shard") as bar:
         for job, marker in _results(pending, settings, workers):
             markers[job.index] = marker
             written += 1

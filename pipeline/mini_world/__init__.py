@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tqdm import tqdm
-
 from pipeline.configs.decontaminate import DEFAULT_EVAL_SPLITS
 from pipeline.configs.world import MiniWorldConfig
+from pipeline.progress import track
 from pipeline.runinfo import RunRecord, atomic_dir, tree_digest
 from pipeline.mini_world.coco import write_coco
 from pipeline.mini_world.flickr30k import write_flickr30k, write_snli_ve
@@ -65,7 +64,7 @@ def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,
         eval_splits = DEFAULT_EVAL_SPLITS
     with atomic_dir(out_dir, stage="mini_world") as tmp:
         world = World(cfg, seed, tmp, eval_splits)
-        bar = tqdm(WRITERS, desc="mini_world", unit="dataset", disable=not progress)
+        bar = track(WRITERS, desc="mini_world", unit="dataset", disable=not progress)
         for name, writer in bar:
             bar.set_postfix_str(name)
             writer(world)

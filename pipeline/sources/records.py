@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from tqdm import tqdm
-
 from pipeline.configs.world import SourcesConfig
+from pipeline.progress import track
 
 MISSING_CAPTION = "missing_caption"
 MISSING_FIELD = "missing_field"
@@ -82,7 +81,7 @@ class ReadContext:
     sources: SourcesConfig
     min_text_chars: int = 1
     max_text_chars: int = 1000
-    progress: bool | None = None  # None: tqdm decides (off when stderr is not a terminal)
+    progress: bool | None = None  # False: none; None/True: pipeline.progress decides (bar or log lines)
     notes: dict[str, int] = field(default_factory=dict)  # reader-specific counts for _run.json
 
     def note(self, name: str, n: int = 1) -> None:
@@ -102,9 +101,8 @@ class ReadContext:
             return TEXT_TOO_LONG, f"{name} has {len(text)} chars > max_text_chars {self.max_text_chars}"
         return None
 
-    def bar(self, iterable=None, **kwargs) -> tqdm:
-        disable = None if self.progress is None else not self.progress
-        return tqdm(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
+    def bar(self, iterable=None, **kwargs) -> Any:
+        return track(iterable, disable=self.progress is False, dynamic_ncols=True, leave=False, **kwargs)
 
 
 def check_url(value: Any, name: str, *, nullable: bool = False) -> Problem | None:

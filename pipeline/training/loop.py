@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
-from tqdm import tqdm
 
+from pipeline.progress import track
 from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
 from pipeline.training.engine import Precision, cast_batch, current_lr
 from pipeline.training.launch import DistInfo
@@ -110,8 +110,8 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     last_val: dict[str, float] = {}
     last_train: dict[str, float] = {}
     engine.train()
-    bar = tqdm(total=s.total_steps, initial=start, desc=s.desc, disable=not dist.is_main, mininterval=2.0,
-               dynamic_ncols=True, unit="step")
+    bar = track(total=s.total_steps, initial=start, desc=s.desc, disable=not dist.is_main, mininterval=2.0,
+                dynamic_ncols=True, unit="step")
     # tokens/s counts training time only, per log interval: both counters restart at each log line
     interval_tokens, interval_s = 0, 0.0
     timings = {"train": 0.0, "validation": 0.0, "checkpoint": 0.0}
