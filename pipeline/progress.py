@@ -100,8 +100,8 @@ class LineProgress:
     def __enter__(self) -> LineProgress:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._finish(stopped=exc_type is not None)
 
     def update(self, n: float = 1) -> None:
         """Count ``n`` more; log a line when ``interval_s`` passed since the last one."""
@@ -122,21 +122,26 @@ class LineProgress:
 
     def close(self) -> None:
         """Log the final line (once)."""
+        self._finish(stopped=False)
+
+    def _finish(self, *, stopped: bool) -> None:
+        """The final line: ``done in`` or, when an exception left the ``with`` block, ``stopped after``."""
         if self.closed:
             return
         self.closed = True
         if not self.quiet:
-            self.log.info("%s", self.line(self.clock(), done=True))
+            self.log.info("%s", self.line(self.clock(), done="stopped after" if stopped else "done in"))
 
-    def line(self, now: float, *, done: bool = False) -> str:
-        """``"<desc>: n/N, <rate> <unit>/s, eta h:mm:ss"`` (``done in h:mm:ss`` when ``done``)."""
+    def line(self, now: float, *, done: str | None = None) -> str:
+        """``"<desc>: n/N, <rate> <unit>/s, eta h:mm:ss"``; with ``done`` (``"done in"``) ``<done> h:mm:ss`` instead of
+        the eta."""
         elapsed = max(now - self.start, 0.0)
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
         count = f"{self._number(self.n)}/{self._number(self.total)}" if self.total is not None \
             else f"{self._number(self.n)} {self.unit}"
         parts = [count, f"{self._number(rate, rate=True)} {self.unit}/s"]
         if done:
-            parts.append(f"done in {format_duration(elapsed)}")
+            parts.append(f"{done} {format_duration(elapsed)}")
         elif self.total is not None:
             left = max(self.total - self.n, 0)
             parts.append(f"eta {format_duration(left / rate)}" if rate > 0 else "eta ?")

@@ -82,6 +82,17 @@ def test_a_resumed_run_rates_only_its_own_steps_and_shows_the_postfix(caplog):
                               "pretrain: 950/1000, 0.01 step/s, done in 1:00:00 (loss=1.234, task=mlm)"]
 
 
+def test_an_exception_in_the_with_block_ends_with_stopped_after(caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    clock = FakeClock()
+    with pytest.raises(KeyboardInterrupt):
+        with track(total=10, desc="extract vg", unit="shard", file=NotATerminal(), clock=clock) as bar:
+            clock.now += 4
+            bar.update(2)
+            raise KeyboardInterrupt
+    assert _lines(caplog) == ["extract vg: 2/10, 0.50 shard/s, stopped after 0:00:04"]
+
+
 def test_unknown_totals_and_scaled_units(caplog):
     caplog.set_level(logging.INFO, logger="pipeline")
     clock = FakeClock()
