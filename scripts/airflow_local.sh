@@ -3,13 +3,15 @@
 # 127.0.0.1, state under $AIRFLOW_HOME (default: <repo>/airflow_home, gitignored).
 #
 #   scripts/airflow_local.sh start            # db migrate, `gpu` pool, api-server + scheduler + dag-processor
-#   scripts/airflow_local.sh trigger '{...}'  # trigger uniter_pretraining with a conf; prints the run id
+#   scripts/airflow_local.sh trigger '{...}' [RUN_ID]  # trigger uniter_pretraining with a conf; prints the run id:
+#                                             # RUN_ID, else the conf's run_name, else manual__<UTC time>
 #   scripts/airflow_local.sh wait RUN_ID [S]  # wait until the run succeeds (exit 0) or fails (exit 1)
 #   scripts/airflow_local.sh status           # which processes run, the last runs
 #   scripts/airflow_local.sh stop             # stop what `start` started
 #
 # Environment: AIRFLOW_HOME, AIRFLOW_PORT (8080), AIRFLOW_GPU_SLOTS (1: CPU machines run one
-# extraction/training task at a time), AIRFLOW_START_TIMEOUT (180 s for the DAG to be parsed).
+# extraction/training task at a time), AIRFLOW_START_TIMEOUT (180 s for the DAG to be parsed),
+# AIRFLOW_LOCAL_DRY_RUN=1 (`trigger` prints the airflow command to stderr and the run id, and triggers nothing).
 # docker-compose.yml runs the same DAG folder with the same executor default against Postgres.
 set -euo pipefail
 
@@ -96,10 +98,35 @@ cmd_stop() {
   done
 }
 
+# The run id for a trigger CONF (JSON): its run_name when it has one, so that `wait <run_name>`
+# (as the docs say) finds the run; else manual__<UTC time>. Exits 2 when CONF is not a JSON object.
+run_id_for() {
+  python - "$1" <<'PY' || exit 2
+import json, sys
+try:
+    conf = json.loads(sys.argv[1])
+except ValueError as err:
+    sys.exit(f"trigger: CONF is not JSON ({err}): {sys.argv[1]}")
+if not isinstance(conf, dict):
+    sys.exit(f"trigger: CONF must be a JSON object, got {sys.argv[1]}")
+name = conf.get("run_name")
+print(name if isinstance(name, str) and name else "")
+PY
+}
+
 cmd_trigger() {
-  local conf="${1:-}" run_id="${2:-manual__$(date -u +%Y%m%dT%H%M%S)}"
+  local conf="${1:-}" run_id
   [[ -n "$conf" ]] || conf='{}'
-  airflow dags trigger "$DAG_ID" --conf "$conf" --run-id "$run_id" >/dev/null
+  run_id="${2:-$(run_id_for "$conf")}"
+  run_id="${run_id:-manual__$(date -u +%Y%m%dT%H%M%S)}"
+  local cmd=(airflow dags trigger "$DAG_ID" --conf "$conf" --run-id "$run_id")
+  if [[ -n "${AIRFLOW_LOCAL_DRY_RUN:-}" ]]; then
+    echo "would run: ${cmd[*]}" >&2
+  elif ! "${cmd[@]}" >/dev/null; then
+    # one Airflow run per id: a run_name triggered again (a retry of the same run) needs its own id
+    echo "trigger failed; if run $run_id exists already, give a new id: $0 trigger CONF RUN_ID" >&2
+    exit 1
+  fi
   echo "$run_id"
 }
 

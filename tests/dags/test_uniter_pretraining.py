@@ -235,3 +235,31 @@ def test_a_failing_stage_fails_the_task_with_its_last_lines(tmp_path):
     bad.write_text((REPO / "params.yaml").read_text() + "\nunknown_section: 1\n")
     with pytest.raises(runs.StageFailed, match="unknown_section"):
         runs.run_stage("mini_world", None, str(bad), emit=lambda line: None)
+
+
+def _trigger(tmp_path, *args: str):
+    """``scripts/airflow_local.sh trigger ARGS`` with AIRFLOW_LOCAL_DRY_RUN=1: prints the run id, triggers nothing."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_LOCAL_DRY_RUN": "1"}
+    return subprocess.run(["bash", str(REPO / "scripts/airflow_local.sh"), "trigger", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_trigger_uses_the_run_name_as_the_run_id_so_wait_finds_it(tmp_path):
+    out = _trigger(tmp_path, '{"run_name": "small", "masking": "joint"}')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "small\n"  # what `scripts/airflow_local.sh wait small` looks for
+    assert out.stderr.strip().endswith("--run-id small")
+    explicit = _trigger(tmp_path, '{"run_name": "small"}', "small-retry")  # an explicit RUN_ID wins
+    assert explicit.stdout == "small-retry\n", explicit.stderr
+    for conf in ("", "{}", '{"run_name": null}'):  # no run_name: Airflow's manual__ id, the DAG names the run after it
+        run_id = _trigger(tmp_path, conf).stdout.strip()
+        assert run_id.startswith("manual__") and runs.run_name_for({}, run_id) == run_id
+
+
+def test_trigger_refuses_a_conf_that_is_not_a_json_object(tmp_path):
+    for conf, message in (("{bad", "CONF is not JSON"), ("[1]", "CONF must be a JSON object")):
+        out = _trigger(tmp_path, conf)
+        assert out.returncode == 2 and message in out.stderr and not out.stdout
