@@ -124,7 +124,8 @@ cmd_trigger() {
     echo "would run: ${cmd[*]}" >&2
   elif ! "${cmd[@]}" >/dev/null; then
     # one Airflow run per id: a run_name triggered again (a retry of the same run) needs its own id
-    echo "trigger failed; if run $run_id exists already, give a new id: $0 trigger CONF RUN_ID" >&2
+    echo "trigger failed (above): a conf the DAG's params refuse, or run $run_id exists already" \
+      "(give a new id: $0 trigger CONF RUN_ID)" >&2
     exit 1
   fi
   echo "$run_id"
