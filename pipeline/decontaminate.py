@@ -34,13 +34,16 @@ from pipeline.eval_set import (
     string_columns,
     identity_keys,
     image_key_array,
+    inherit_identities,
     manifest_path,
     read_eval_images,
+    read_known_images,
     read_manifest,
 )
 from pipeline.phash import PhashCache, near_duplicate_pairs
 from pipeline.reasons import REJECT_REASONS, REMOVAL_REASONS
 from pipeline.runinfo import RunRecord, atomic_dir
+from pipeline.sources.coco import read_image_info
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +307,34 @@ def _val_coco_ids(result: DatasetResult) -> set[str]:
     return set(pc.unique(val.column("image_id").cast(pa.string())).to_pylist())
 
 
+def eval_identities(params, eval_images: pa.Table, record: RunRecord | None = None) -> pa.Table:
+    """``eval_images`` with what every file read here knows about them (:func:`inherit_identities`).
+
+    Reads the manifests of the eval and pretraining datasets (same image, VG links) and COCO's test
+    image list ``sources.coco.image_info_test`` (the test2015 URLs VQA test rows lack); null
+    leaves the test images known by id only (logged). A path that does not exist raises
+    FileNotFoundError naming the key.
+    """
+    cfg = params.decontaminate
+    datasets = [d for d, splits in cfg.eval_splits.items() if splits] + list(cfg.pretrain_datasets)
+    same, vg = read_known_images(Path(params.paths.data) / "manifests", datasets, eval_images)
+    info = params.sources.coco.image_info_test
+    if info is None:
+        log.warning("sources.coco.image_info_test is null: COCO test2015 images (VQA test) are matched by id "
+                    "only, not by their URLs")
+    else:
+        if not Path(info).exists():
+            raise FileNotFoundError(f"sources.coco.image_info_test: {info} does not exist (COCO's "
+                                    f"image_info_test2015.json; null to do without the test image URLs)")
+        same.append(read_image_info(Path(info)))
+        if record is not None:
+            record.inputs["coco_image_info_test"] = Path(info)
+    out = inherit_identities(eval_images, same, vg)
+    log.info("eval set: %d rows of its own, %d lent by other files", eval_images.num_rows,
+             out.num_rows - eval_images.num_rows)
+    return out
+
+
 def run(params) -> dict[str, dict]:
     """Stage entry: decontaminate every ``params.decontaminate.pretrain_datasets`` manifest.
 
@@ -318,7 +349,7 @@ def run(params) -> dict[str, dict]:
         raise ValueError(f"decontaminate.phash_max_distance must be in 0..32, got {cfg.phash_max_distance}")
     record = RunRecord("decontaminate", params.section_digest("decontaminate"))
     eval_images = read_eval_images(manifest_dir, cfg.eval_splits)
-    index = EvalIndex.build(eval_images)
+    index = EvalIndex.build(eval_identities(params, eval_images, record))
     log.info("eval set: %d images, %d refs from %s", len(index), len(index.ref_images), sorted(cfg.eval_splits))
     cache = PhashCache(data / "cache" / "phash.parquet", workers=cfg.workers)
     finder = NearDuplicateFinder(index, cache, cfg.phash_max_distance) if cfg.near_duplicates else None

@@ -7,6 +7,12 @@ it; docs/contracts.md §2). :class:`EvalIndex` maps four kinds of identity key t
 - ``coco_id``: the COCO id of every eval image whose source is COCO (matched by VG ``coco_id``)
 - ``flickr``: Flickr photo ids from ``url``, ``flickr_url``, ``flickr_id`` and Flickr30k image ids
 - ``url``: canonical URLs of ``url``
+
+An eval manifest's row often knows little of its image (a RefCOCO+ or VQA row has a COCO id and
+nothing else), so :func:`inherit_identities` lends every eval image the keys that any other file
+knows for the same image: rows of any manifest with the same ``(image_source, image_id)`` (the COCO
+manifest's ``coco_url``/``flickr_url``), COCO's test image list, and VG images linked to it by
+``coco_id`` or Flickr photo id.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 
 KEY_SEP = "\x1f"
 KEY_KINDS = ("image", "coco_id", "flickr", "url")
+# what a row of another file can tell about an image it shares with the eval set
+LENT_COLUMNS = ("url", "flickr_url", "flickr_id", "coco_id")
 # columns an image row may carry; absent ones are read as null
 IMAGE_COLUMNS = ("image_source", "image_id", "image_path", "url", "flickr_url", "flickr_id", "coco_id")
 EVAL_COLUMNS = ("ref",) + IMAGE_COLUMNS
@@ -87,8 +96,9 @@ def identity_keys(table: pa.Table, *, eval_side: bool, image: bool = True) -> di
     if image:
         keys["image"].append(image_key_array(table).cast(pa.large_string()))
     if eval_side:
+        # a COCO image is its own COCO id; a VG row lent to an eval image (inherit_identities) names one
         is_coco = pc.equal(table.column("image_source"), "coco")
-        coco_ids = pc.if_else(is_coco, table.column("image_id"), None)
+        coco_ids = pc.coalesce(pc.if_else(is_coco, table.column("image_id"), None), table.column("coco_id"))
     else:
         coco_ids = table.column("coco_id")
     keys["coco_id"].append(coco_ids.combine_chunks().cast(pa.large_string()))
@@ -145,6 +155,110 @@ def read_eval_images(manifest_dir: Path, eval_splits: Mapping[str, tuple[str, ..
     table = pa.concat_tables(parts)
     table = table.group_by(list(EVAL_COLUMNS), use_threads=False).aggregate([])
     return table.select(list(EVAL_COLUMNS)).sort_by([(c, "ascending") for c in EVAL_COLUMNS])
+
+
+def read_known_images(manifest_dir: Path, datasets: Iterable[str], eval_images: pa.Table) -> tuple[list[pa.Table], pa.Table | None]:
+    """What the manifests of ``datasets`` know about the eval images: (same-image rows, VG rows).
+
+    Same-image rows: the distinct ``image_source, image_id`` + LENT_COLUMNS rows of every manifest
+    whose image is an eval image (a manifest none of whose image sources is an eval source is
+    skipped after reading its ``image_source`` column). VG rows: the distinct image rows of the
+    ``vg`` manifest (for :func:`inherit_identities`' coco_id / Flickr id links), None without one.
+    All columns are strings; a missing manifest raises FileNotFoundError naming it.
+    """
+    wanted = pc.unique(image_key_array(eval_images))
+    sources = set(pc.unique(eval_images.column("image_source").drop_null()).to_pylist())
+    columns = ("image_source", "image_id") + LENT_COLUMNS
+    same, vg = [], None
+    for dataset in sorted(set(datasets)):
+        path = manifest_path(manifest_dir, dataset)
+        if dataset != "vg":  # VG is read whole anyway, for the links
+            present = set(pc.unique(read_manifest(path, ["image_source"]).column("image_source")).to_pylist())
+            if not present & sources:  # CC, SBU: the big URL columns are not read twice
+                continue
+        table = _distinct(string_columns(read_manifest(path, columns), columns))
+        if dataset == "vg":
+            vg = table
+        same.append(table.filter(pc.fill_null(pc.is_in(image_key_array(table), value_set=wanted), False)))
+    return same, vg
+
+
+def _distinct(table: pa.Table) -> pa.Table:
+    return table.group_by(table.column_names, use_threads=False).aggregate([])
+
+
+def _lend(targets: pa.Table, lent: pa.Table) -> pa.Table:
+    """EVAL_COLUMNS rows: each ref of ``targets`` (ref, image_key, image_source, image_id) with the
+    LENT_COLUMNS of every ``lent`` row (image_key + LENT_COLUMNS) of the same image_key; no path."""
+    rows = targets.join(lent, "image_key", join_type="inner", use_threads=False)
+    rows = rows.append_column("image_path", pa.nulls(rows.num_rows, pa.string()))
+    return string_columns(rows, EVAL_COLUMNS)
+
+
+def _link_keys(table: pa.Table, ids: pa.Array, kind: str, *, eval_side: bool) -> pa.Table:
+    """Distinct (id, key): every ``kind`` key (``coco_id`` or ``flickr``) of every row of ``table``
+    (IMAGE_COLUMNS) beside that row's element of ``ids``; rows without such a key are left out."""
+    parts = []
+    for arr in identity_keys(table, eval_side=eval_side, image=False)[kind]:
+        part = pa.table({"id": ids, "key": arr.cast(pa.string())})
+        parts.append(part.filter(pc.is_valid(part.column("key"))))
+    return _distinct(pa.concat_tables(parts))
+
+
+def _vg_links(combined: pa.Table, vg: pa.Table) -> pa.Table:
+    """(image_key, LENT_COLUMNS) of every VG row that shares a COCO id or a Flickr photo id with an
+    eval image of ``combined`` (EVAL_COLUMNS), keyed by that eval image."""
+    vg = _distinct(string_columns(vg, ("image_source", "image_id") + LENT_COLUMNS))
+    vg_rows = pa.array(np.arange(vg.num_rows, dtype=np.int64))
+    eval_keys, vg_keys = image_key_array(combined), string_columns(vg, IMAGE_COLUMNS)
+    links = []
+    for kind in ("coco_id", "flickr"):
+        mine = _link_keys(combined, eval_keys, kind, eval_side=True).rename_columns(["image_key", "key"])
+        theirs = _link_keys(vg_keys, vg_rows, kind, eval_side=False).rename_columns(["vg_row", "key"])
+        links.append(mine.join(theirs, "key", join_type="inner", use_threads=False).select(["image_key", "vg_row"]))
+    links = _distinct(pa.concat_tables(links))
+    lent = string_columns(vg.take(links.column("vg_row")), LENT_COLUMNS)
+    return lent.add_column(0, "image_key", links.column("image_key"))
+
+
+def inherit_identities(eval_images: pa.Table, same: Iterable[pa.Table] = (), vg: pa.Table | None = None) -> pa.Table:
+    """``eval_images`` plus the rows that lend each eval image what other files know about it.
+
+    Args:
+        eval_images: EVAL_COLUMNS rows (e.g. :func:`read_eval_images`).
+        same: tables with ``image_source``, ``image_id`` and any of LENT_COLUMNS: rows of any dataset
+            or source file (the COCO manifest, COCO's test image list); a row whose image is an eval
+            image lends it its ``url``, ``flickr_url``, ``flickr_id`` and ``coco_id``.
+        vg: VG image rows (``image_source``, ``image_id`` + LENT_COLUMNS). A VG image whose ``coco_id``
+            is a COCO eval image, or whose Flickr photo id (``flickr_id``, URLs) is one an eval image
+            has once ``same`` has lent its keys, lends its URLs and ids too, but not its own
+            ``(vg, id)``: that VG image is removed by ``coco_id`` or ``flickr_photo_id``, not as an
+            eval image.
+
+    Returns:
+        Distinct rows, EVAL_COLUMNS (strings), sorted; a lent row carries the eval image's ref,
+        source and id and no image_path, so refs, image keys and paths stay those of the eval set.
+        Joins are Arrow hash joins; nothing is looked up row by row in Python.
+    """
+    eval_images = string_columns(eval_images, EVAL_COLUMNS)
+    image_keys = image_key_array(eval_images)
+    targets = _distinct(pa.table({"ref": eval_images.column("ref"), "image_key": image_keys,
+                                  "image_source": eval_images.column("image_source"),
+                                  "image_id": eval_images.column("image_id")}))
+    wanted = pc.unique(image_keys)
+    parts = [eval_images]
+    for table in same:
+        if not table.num_rows:
+            continue
+        keys = image_key_array(table)
+        hit = pc.fill_null(pc.is_in(keys, value_set=wanted), False)
+        lent = string_columns(table.filter(hit), LENT_COLUMNS).add_column(0, "image_key", keys.filter(hit))
+        parts.append(_lend(targets, _distinct(lent)))
+    if vg is not None and vg.num_rows and eval_images.num_rows:
+        # after the same-image rows: a RefCOCO+ image's Flickr id comes from the COCO manifest
+        parts.append(_lend(targets, _vg_links(pa.concat_tables(parts), vg)))
+    combined = _distinct(pa.concat_tables(parts))
+    return combined.select(list(EVAL_COLUMNS)).sort_by([(c, "ascending") for c in EVAL_COLUMNS])
 
 
 def _group_refs(table: pa.Table) -> dict[str, tuple[str, ...]]:

@@ -66,6 +66,9 @@ class CocoSource:
     instances_val: Path = must_exist()
     karpathy: Path = must_exist()
     image_root: Path = must_exist()
+    # image_info_test2015.json: the URLs of the test2015 images (VQA test), which decontamination
+    # needs and the VQA questions do not carry; null: those images are known by their id only
+    image_info_test: Path | None = must_exist(None)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,10 @@ class World:
         self.expected.setdefault(dataset, {})[image_id] = (reason, sorted(refs))
 
     def write(self) -> Path:
+        # COCO's test image list (real format: no flickr_url); decontaminate reads it from sources
+        info = {"info": {"description": "COCO 2015 Test"}, "images": getattr(self, "image_info", []),
+                "licenses": [], "categories": []}
+        (self.root / "image_info_test2015.json").write_text(json.dumps(info))
         out = self.root / "data" / "manifests"
         out.mkdir(parents=True, exist_ok=True)
         for dataset, rows in self.rows.items():
@@ -121,7 +125,8 @@ def build_world(root: Path) -> World:
               flickr_url=flickr_url, width=64, height=64)
     w.expect("coco", "4", "eval_split", ["coco/test/4"])
     w.expect("coco", "5", "eval_split", ["refcoco/val/5"])
-    w.expect("coco", "6", "flickr_photo_id", [f"flickr30k/test/{F30K[2]}"])
+    # VG 15 (below) says COCO test image 4 is Flickr photo F30K[2]: both eval images share their keys
+    w.expect("coco", "6", "flickr_photo_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])
     w.expect("coco", "7", "near_duplicate", ["nlvr2/dev/dev-1-img1"])
     w.expect("coco", "8", "flickr_photo_id", [f"flickr30k/val/{F30K[1]}"])
     w.rejects["coco"] = ["missing_caption", "duplicate_id", "missing_caption"]
@@ -132,7 +137,7 @@ def build_world(root: Path) -> World:
     for vid, extra in vg.items():
         w.add("vg", "train", "vg", vid, w.image(f"vg/{vid}.png", 2000 + int(vid)),
               url=f"https://cs.stanford.edu/people/rak248/VG_100K/{vid}.jpg", n=3, width=64, height=64, **extra)
-    w.expect("vg", "11", "coco_id", ["coco/test/4"])
+    w.expect("vg", "11", "coco_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])  # linked by VG 15
     w.expect("vg", "13", "flickr_photo_id", [f"flickr30k/train/{F30K[0]}", f"snli_ve/dev/{F30K[0]}"])
     w.expect("vg", "15", "coco_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])
     w.rejects["vg"] = ["missing_field"]
@@ -160,13 +165,42 @@ def build_world(root: Path) -> World:
           url=f"https://c1.staticflickr.com/9/8152/{F30K[2]}_abc_b.jpg")
     w.add("sbu", "train", "sbu", "s2", w.image("sbu/2.jpg", 4002, reencode=True),
           url="http://farm1.static.flickr.com/1/424242_abc.jpg")
-    w.expect("sbu", "s1", "flickr_photo_id", [f"flickr30k/test/{F30K[2]}"])
+    w.expect("sbu", "s1", "flickr_photo_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])  # linked by VG 15
     w.rejects["sbu"] = []
+
+    # --- eval images whose identity lives in another dataset's files (RefCOCO+ 5 and VQA test 9001
+    # carry a COCO id only; the COCO manifest, COCO's test image list and VG know their URLs)
+    w.add("cc", "train", "cc", "ccg", w.image("cc/g.jpg", 3101, reencode=True),
+          url="http://Images.CocoDataset.ORG/val2014/COCO_val2014_000000000005.jpg")
+    w.add("cc", "train", "cc", "cch", w.image("cc/h.jpg", 3102, reencode=True),
+          url="http://images.cocodataset.org:80/test2015/./COCO_test2015_000000009001.jpg#top")
+    w.add("cc", "train", "cc", "cci", w.image("cc/i.jpg", 3103, reencode=True),  # VG 16 shows RefCOCO+ 5
+          url="HTTPS://CS.Stanford.edu/people/rak248/VG_100K/16.jpg")
+    w.add("cc", "train", "cc", "ccj", w.image("cc/j.jpg", 3104, reencode=True),  # look-alike: a test image no
+          url="http://images.cocodataset.org/test2015/COCO_test2015_000000009002.jpg")  # eval split uses
+    w.add("cc", "train", "cc", "cck", w.image("cc/k.jpg", 3105, reencode=True),  # look-alike: COCO train 1
+          url="http://IMAGES.cocodataset.org/val2014/COCO_val2014_000000000001.jpg")
+    w.add("vg", "train", "vg", "16", w.image("vg/16.png", 2016), url="https://cs.stanford.edu/people/rak248/VG_100K/16.jpg",
+          n=2, width=64, height=64, coco_id="5")
+    w.add("sbu", "train", "sbu", "s3", w.image("sbu/3.jpg", 4003, reencode=True),  # RefCOCO+ 5's photo, re-uploaded
+          url="https://live.staticflickr.com/65535/105_0th3rs3cr3t_o.jpg")
+    w.add("sbu", "train", "sbu", "s4", w.image("sbu/4.jpg", 4004, reencode=True),  # look-alike: COCO train 1's photo
+          url="https://live.staticflickr.com/65535/101_0th3rs3cr3t_o.jpg")
+    w.expect("cc", "ccg", "canonical_url", ["refcoco/val/5"])
+    w.expect("cc", "cch", "canonical_url", ["vqa/test/9001"])
+    w.expect("cc", "cci", "canonical_url", ["refcoco/val/5"])
+    w.expect("vg", "16", "coco_id", ["refcoco/val/5"])
+    w.expect("sbu", "s3", "flickr_photo_id", ["refcoco/val/5"])
+    w.image_info = [{"id": i, "file_name": f"COCO_test2015_{i:012d}.jpg", "height": 64, "width": 64, "license": 1,
+                     "coco_url": f"http://images.cocodataset.org/test2015/COCO_test2015_{i:012d}.jpg",
+                     "date_captured": "2013-11-14 11:18:45"} for i in (9001, 9002)]
     return w
 
 
-def _params(data: Path, *sets: str):
-    return load_params(REPO / "params.yaml", [f"paths.data={data}", "decontaminate.workers=1", *sets])
+def _params(data: Path, *sets: str, image_info: Path | None = None):
+    image_info = image_info or data.parent / "image_info_test2015.json"
+    return load_params(REPO / "params.yaml", [f"paths.data={data}", "decontaminate.workers=1",
+                                              f"sources.coco.image_info_test={image_info}", *sets])
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +252,8 @@ def test_clean_manifests_keep_all_rows_of_kept_images_with_train_val_splits(worl
     assert vg_pairs == [("12", "val"), ("14", "train")]  # 12 shows COCO val image 3
     cc = pq.read_table(data / "clean" / "cc.parquet")
     assert sorted(zip(cc.column("image_id").to_pylist(), cc.column("split").to_pylist())) == [
-        ("ccc", "train"), ("ccd", "val")]
-    assert pq.read_table(data / "clean" / "sbu.parquet").column("image_id").to_pylist() == ["s2"]
+        ("ccc", "train"), ("ccd", "val"), ("ccj", "train"), ("cck", "train")]  # j, k: look-alikes, kept
+    assert pq.read_table(data / "clean" / "sbu.parquet").column("image_id").to_pylist() == ["s2", "s4"]
     run = json.loads((data / "clean" / "_run.json").read_text())
     assert run["stage"] == "decontaminate" and run["counts"]["coco"]["removed_images"] == 5
 
@@ -242,7 +276,7 @@ def test_outputs_are_byte_identical_across_runs(world, tmp_path):
     (again / "manifests").mkdir(parents=True)
     for f in (data / "manifests").iterdir():
         (again / "manifests" / f.name).write_bytes(f.read_bytes())
-    decontaminate.run(_params(again))
+    decontaminate.run(_params(again, image_info=data.parent / "image_info_test2015.json"))
     for sub in ("clean", "reports/cleaning"):
         first = {p.name: p.read_bytes() for p in (data / sub).iterdir() if p.name != "_run.json"}
         second = {p.name: p.read_bytes() for p in (again / sub).iterdir() if p.name != "_run.json"}
@@ -259,11 +293,27 @@ def test_near_duplicates_off_and_eval_splits_param(world, tmp_path):
         (out / "manifests" / f.name).write_bytes(f.read_bytes())
     # Karpathy val excluded too; no pHash: the near duplicates stay, coco 3 goes, VG 12 (coco_id 3) goes
     reports = decontaminate.run(_params(out, "decontaminate.near_duplicates=false",
-                                        "decontaminate.eval_splits.coco=[val,test]"))
+                                        "decontaminate.eval_splits.coco=[val,test]",
+                                        image_info=data.parent / "image_info_test2015.json"))
     removed = {d: {e["image_id"]: e["reason"] for e in r["removed"]} for d, r in reports.items()}
     assert "7" not in removed["coco"] and "ccf" not in removed["cc"]
     assert removed["coco"]["3"] == "eval_split" and removed["vg"]["12"] == "coco_id"
     assert all(n == 0 for r in reports.values() for k, n in r["removed_images"].items() if k == "near_duplicate")
+
+
+def test_image_info_test_null_leaves_test_images_known_by_id_and_a_missing_one_is_named(world, tmp_path):
+    w, data, _ = world
+    out = tmp_path / "data"
+    (out / "manifests").mkdir(parents=True)
+    for f in (data / "manifests").iterdir():
+        (out / "manifests" / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"sources\.coco\.image_info_test: .*nowhere\.json does not exist"):
+        decontaminate.run(_params(out, image_info=tmp_path / "nowhere.json"))
+    params = load_params(REPO / "params.yaml", [f"paths.data={out}", "decontaminate.workers=1",
+                                                "decontaminate.near_duplicates=false",
+                                                "sources.coco.image_info_test=null"])
+    removed = {e["image_id"] for e in decontaminate.run(params)["cc"]["removed"]}
+    assert "cch" not in removed and {"ccg", "cci"} <= removed  # only the test image's URL is unknown
 
 
 def test_missing_manifest_is_named(tmp_path):
@@ -293,7 +343,8 @@ def mini_chain(tmp_path_factory):
                  for ds, section in to_dict(base.sources).items() for key, value in section.items()
                  if str(value).startswith(default_root)]
     ingest.run(load_params(REPO / "params.yaml", overrides + [f"paths.data={root / 'data'}"]))
-    sets = [f"paths.data={root / 'data'}", "decontaminate.report_samples=4"]
+    # decontaminate reads COCO's test image list from sources, so it gets the rebased paths too
+    sets = overrides + [f"paths.data={root / 'data'}", "decontaminate.report_samples=4"]
     assert main(["decontaminate", "--params", str(REPO / "params.yaml"), *(a for s in sets for a in ("--set", s))]) == 0
     planted = json.loads((world_dir / "planted.json").read_text())
     return root / "data", planted
