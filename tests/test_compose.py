@@ -86,7 +86,8 @@ def test_secrets_come_only_from_env_and_env_example_lists_every_variable():
     for name, service in SERVICES.items():
         env = service.get("environment", {})
         for key, value in env.items():
-            if SECRET.search(key) or "SQL_ALCHEMY_CONN" in key or "BROKER_URL" in key:
+            # a *_FILE key names where a secret lies (the login's passwords file), not the secret
+            if (SECRET.search(key) and not key.endswith("_FILE")) or "SQL_ALCHEMY_CONN" in key or "BROKER_URL" in key:
                 assert "${" in str(value), f"{name}.{key} holds a literal secret"
     assert re.search(r"^\.env$", (ROOT / ".gitignore").read_text(), re.M), ".env must be gitignored"
 
@@ -136,3 +137,42 @@ def test_dockerfile_builds_python_311_with_the_projects_setup():
     assert not venv.startswith(PROJECT), "the venv must live outside the mounted project"
     requires = re.search(r'requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     assert ">=3.11" in requires and "<3.12" in requires
+
+
+def test_the_login_password_comes_from_env_into_the_file_the_api_server_reads(tmp_path):
+    """The api-server's entrypoint writes .env's AIRFLOW_ADMIN_PASSWORD into the simple auth manager's
+    passwords file (not generated into a container's $AIRFLOW_HOME), then runs ``airflow <command>``."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    api = SERVICES["airflow-apiserver"]
+    env = api["environment"]
+    assert env["AIRFLOW_ADMIN_PASSWORD"].startswith("${AIRFLOW_ADMIN_PASSWORD:?"), "the password comes from .env"
+    assert "AIRFLOW_ADMIN_PASSWORD" in env_file_keys()
+    for name, service in SERVICES.items():  # only the service that serves the login holds the password
+        assert name == "airflow-apiserver" or "AIRFLOW_ADMIN_PASSWORD" not in service.get("environment", {}), name
+    assert env["AIRFLOW__CORE__EXECUTOR"] == SERVICES["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"]
+    spec = importlib.util.find_spec("airflow")  # the config key is Airflow's own (read without importing it)
+    if spec is not None:
+        template = Path(spec.submodule_search_locations[0]) / "config_templates/config.yml"
+        assert "simple_auth_manager_passwords_file" in yaml.safe_load(template.read_text())["core"]["options"]
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "airflow").write_text('#!/bin/sh\necho "airflow $*"\n')
+    (fake_bin / "airflow").chmod(0o755)
+    passwords = tmp_path / "simple_auth_manager_passwords.json"
+    users = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"])
+    run_env = {"PATH": f"{fake_bin}:{Path(sys.executable).parent}:/usr/bin:/bin", "AIRFLOW_ADMIN_PASSWORD": "from-env",
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users,
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords)}
+    assert api["entrypoint"][:2] == ["/usr/bin/tini", "--"]
+    script = [arg.replace("$$", "$") for arg in api["entrypoint"][2:]]  # compose reads $$ as a literal $
+    out = subprocess.run([*script, *api["command"]], env=run_env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "airflow " + " ".join(api["command"])
+    assert json.loads(passwords.read_text()) == {"admin": "from-env"}
+    assert passwords.stat().st_mode & 0o077 == 0, "the passwords file is the owner's only"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"].startswith("/opt/airflow/")  # the image's home
