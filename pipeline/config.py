@@ -229,8 +229,8 @@ def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:
 def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
     """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
 
-    ``needed_by`` (``{dotted key or section: [stage, ...]}``), when given, limits the check to the keys
-    it names (a section names all its keys) and adds ``(needed by <stages>)`` to each message.
+    ``needed_by`` (``{dotted key: [stage, ...]}``), when given, limits the check to the keys it names
+    and adds ``(needed by <stages>)`` to each message.
     """
     for f in fields(obj):
         value = getattr(obj, f.name)
@@ -240,7 +240,7 @@ def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[st
             continue
         if not f.metadata.get("must_exist") or value is None:
             continue
-        stages = None if needed_by is None else needed_by.get(prefix, []) + needed_by.get(key, [])
+        stages = None if needed_by is None else needed_by.get(key, [])
         if stages == [] or Path(value).exists():
             continue
         errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
@@ -248,17 +248,19 @@ def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[st
 
 # where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)
 IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
+# source keys that another stage reads, not their dataset's ingest (dvc.yaml's decontaminate deps)
+NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
 # the dataset whose manifest (and text DB) each fine-tuning task reads
 TASK_DATASET = {"vqa": "vqa", "vcr": "vcr", "nlvr2": "nlvr2", "snli_ve": "snli_ve",
                 "retrieval_flickr": "flickr30k", "refcoco_plus": "refcoco"}
 
 
 def source_needs(params: Params) -> dict[str, list[str]]:
-    """``{"sources.<dataset>" or "sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
+    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
 
-    ingest@D reads all of ``sources.D`` (and the image root of IMAGES_OF[D]); decontaminate reads the
-    image roots of the pretraining and eval datasets (pHash, only with ``near_duplicates``); extract@S
-    reads ``sources.S.image_root`` for each of ``extract.sources``.
+    ingest@D reads ``sources.D`` (but NOT_INGESTED) and the image root of IMAGES_OF[D]; decontaminate
+    reads NOT_INGESTED's keys and the image roots of the pretraining and eval datasets (pHash, only
+    with ``near_duplicates``); extract@S reads ``sources.S.image_root`` for each of ``extract.sources``.
     """
     needs: dict[str, list[str]] = {}
 
@@ -270,9 +272,13 @@ def source_needs(params: Params) -> dict[str, list[str]]:
         return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
 
     for dataset in params.ingest.datasets:
-        add(f"sources.{dataset}", f"ingest@{dataset}")
+        for f in fields(getattr(params.sources, dataset)):
+            if f"sources.{dataset}.{f.name}" not in NOT_INGESTED:
+                add(f"sources.{dataset}.{f.name}", f"ingest@{dataset}")
         if dataset in IMAGES_OF:
             add(image_root(dataset), f"ingest@{dataset}")
+    for key, stage in NOT_INGESTED.items():
+        add(key, stage)
     dec = params.decontaminate
     if dec.near_duplicates:
         for dataset in (*dec.pretrain_datasets, *(d for d, splits in dec.eval_splits.items() if splits)):

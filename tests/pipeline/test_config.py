@@ -314,3 +314,13 @@ def test_the_mini_world_checks_no_sources_and_warns_about_nothing(caplog):
     with caplog.at_level("WARNING", logger="pipeline.config"):
         load_params(PARAMS, ["sources.vqa.questions_train=/nope.json"])
     assert not caplog.records
+
+
+def test_a_source_key_another_stage_reads_names_that_stage(tmp_path):
+    raw = _real_world(tmp_path, **PRETRAIN_ONLY)
+    raw["sources"]["coco"]["image_info_test"] = str(tmp_path / "nope.json")
+    with pytest.raises(ParamsError, match=r"sources\.coco\.image_info_test: path does not exist: .*nope\.json "
+                                          r"\(needed by decontaminate\)"):
+        parse_params(raw)
+    raw["sources"]["coco"]["image_info_test"] = None  # null: decontamination does without it
+    assert parse_params(raw).sources.coco.image_info_test is None
