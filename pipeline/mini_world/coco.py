@@ -39,7 +39,8 @@ def write_coco(world: World) -> None:
     plants = dict(zip(f_slots, f_targets))
 
     by_split: dict[str, dict] = {s: {"images": [], "captions": [], "instances": []} for s in ("train2014", "val2014")}
-    kimages, info = [], {"split": {}, "coco_split": {}, "captions": {}, "ann_ids": {}, "keys": [], "coco_url": {}, "flickr_id": {}}
+    kimages, info = [], {"split": {}, "coco_split": {}, "captions": {}, "ann_ids": {}, "keys": [], "coco_url": {}, "flickr_id": {},
+                       "photo": {}}
     cap_ids = iter(sorted((rng.choice(900_000, size=n * cfg.captions_per_image, replace=False) + 1).tolist()))
     inst_ids = iter(sorted((rng.choice(2_200_000, size=n * cfg.max_objects, replace=False) + 1).tolist()))
     sentid = 0
@@ -53,7 +54,8 @@ def write_coco(world: World) -> None:
             furl, variant = flickr_variant(rng, world.info["flickr30k"]["photos"][src.split("/")[1]], None)
             world.overlap("coco", str(cid), furl, "flickr_photo_id", [src], variant)
             world.reserved.add(rec.key)
-            photo_id = int(src.split("/")[1])
+            photo = world.info["flickr30k"]["photos"][src.split("/")[1]]
+            photo_id = photo.photo_id
         else:
             rec = world.new_image(rng, "coco", str(cid), relpath)
             photo = world.photos.new(rng)
@@ -82,6 +84,7 @@ def write_coco(world: World) -> None:
         info["split"][rec.key], info["coco_split"][rec.key] = ksplit, csplit
         info["captions"][rec.key], info["ann_ids"][rec.key] = caps, [a["id"] for a in anns]
         info["coco_url"][rec.key], info["flickr_id"][rec.key] = url, photo_id
+        info["photo"][rec.key] = photo  # later writers spell other URLs of the same photo
         info["keys"].append(rec.key)
         world.use(rec.key, "coco", ksplit)
     info["train2014"] = by_split["train2014"]
@@ -139,4 +142,5 @@ def _write_test2015(world: World, rng: np.random.Generator, ids: list[int]) -> N
     world.write_json("coco/annotations/image_info_test2015.json", {
         "categories": categories(), "images": images, "info": _info("test2015"), "licenses": LICENSES})
     world.info["coco"]["test2015_keys"] = keys
+    world.info["coco"]["coco_url"].update({k: im["coco_url"] for k, im in zip(keys, images)})
     world.counts["coco_test2015_images"] = len(images)

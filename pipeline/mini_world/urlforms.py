@@ -81,6 +81,12 @@ def flickr_variant(rng: np.random.Generator, photo: FlickrPhoto, avoid_form: str
     return url, desc
 
 
+def original_url(rng: np.random.Generator, photo: FlickrPhoto) -> str:
+    """The photo's original-size URL as Flickr serves it today: ``live.staticflickr.com/65535``,
+    an ``_o`` suffix and the original's own secret (not the one of the sized URLs)."""
+    return f"https://live.staticflickr.com/65535/{photo.photo_id}_{hex_token(rng, 10)}_o.jpg"
+
+
 def coco_url(split: str, file_name: str) -> str:
     return f"http://images.cocodataset.org/{split}/{file_name}"
 

@@ -4,6 +4,11 @@ downloaded images at ``images/<sha1(url)>.jpg``.
 Planted: rows at Flickr URLs of eval photos (``flickr_photo_id``), CC rows at spelling variants of
 eval image URLs (``canonical_url``), rows at unrelated URLs whose image is a re-encode of an eval
 image (``near_duplicate``); and line/row/image defects.
+
+Also planted, on eval images whose own eval rows name a COCO id and nothing else (RefCOCO+ val/testA/
+testB and VQA test images, known by URL only through COCO's files): CC rows at spelling variants of
+their ``coco_url`` and SBU rows at other URLs of their Flickr photo; and, as controls that must be
+kept, the same kinds of URL of COCO images no eval split uses.
 """
 
 from __future__ import annotations
@@ -13,10 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.mini_world.text import web_caption
-from pipeline.mini_world.urlforms import flickr_url, flickr_variant, sha1_key, url_variant, web_url
+from pipeline.mini_world.urlforms import (
+    flickr_url, flickr_variant, original_url, sha1_key, url_variant, web_url,
+)
 from pipeline.mini_world.world import World, insert_randomly
 
 URL_VARIANTS = ("upper_host", "default_port", "dot_segments", "fragment", "query_order", "percent_encoding")
+# spellings of a COCO URL seen in the wild (the ones of the issue that found the gap)
+COCO_URL_VARIANTS = ("upper_host", "default_port", "dot_segments", "fragment")
+# variant descriptions start with these, so tests can tell these plants from the others
+REFCOCO_ONLY, VQA_TEST_ONLY = "RefCOCO+-only image", "VQA-test-only image"
 
 
 @dataclass
@@ -81,6 +92,80 @@ def _plant_flickr_and_near(world: World, rng: np.random.Generator, dataset: str,
     return rows
 
 
+def _only_eval_of(world: World, keys: list[str], dataset: str) -> list[str]:
+    """The images of ``keys`` whose only eval uses are ``dataset``'s (usable: not broken or reserved)."""
+    return [k for k in keys if k not in world.broken and k not in world.reserved and world.is_eval(k)
+            and all(m.startswith(dataset + "/") for m in world.eval_matches(k))]
+
+
+def _take_linked(world: World, pool: list[str], rng: np.random.Generator) -> str:
+    """An image of ``pool`` no planted overlap targets yet, else (a small world) any one of it."""
+    used = {t for o in world.overlaps for t in o["targets"]}
+    fresh = [k for k in pool if k not in used]
+    if not pool:
+        raise RuntimeError("no RefCOCO+/VQA-test eval image to plant overlaps on; raise the world sizes")
+    choice = fresh or pool
+    return choice[int(rng.integers(len(choice)))]
+
+
+def _harmless_coco(world: World) -> list[str]:
+    """COCO train2014/val2014 images no eval split uses (look-alike controls point at these)."""
+    return [k for k in world.info["coco"]["keys"] if k not in world.broken and k not in world.reserved
+            and not world.is_eval(k)]
+
+
+def _plant_linked_cc(world: World) -> list[Row]:
+    """CC rows at COCO-URL variants of RefCOCO+-only and VQA-test-only images (alternating), and one
+    control at a variant of a COCO image no eval split uses. Drawn from their own rng stream, so the
+    rest of the CC files stays as it was without them."""
+    rng, coco = world.rng("cc_linked"), world.info["coco"]
+    pools = {REFCOCO_ONLY: _only_eval_of(world, world.info["refcoco"]["eval_keys"], "refcoco"),
+             VQA_TEST_ONLY: _only_eval_of(world, coco["test2015_keys"], "vqa")}
+    rows = []
+    for i in range(world.cfg.n_planted_each):
+        kind = (REFCOCO_ONLY, VQA_TEST_ONLY)[i % 2]
+        src = _take_linked(world, pools[kind], rng)
+        variant = COCO_URL_VARIANTS[i % len(COCO_URL_VARIANTS)]
+        url = url_variant(rng, coco["coco_url"][src], variant)
+        if f"cc/{sha1_key(url)}" in world.images:  # the same image and spelling again (a small world)
+            variant = "fragment"
+            url = url_variant(rng, coco["coco_url"][src], variant)
+        rows.append(_copy(world, rng, "cc", url, src, reencode=False))
+        world.overlap("cc", sha1_key(url), url, "canonical_url", [src],
+                      f"{kind}: {variant} variant of {coco['coco_url'][src]}")
+    harmless = _harmless_coco(world)
+    src = harmless[int(rng.integers(len(harmless)))]
+    url = url_variant(rng, coco["coco_url"][src], "upper_host")
+    rows.append(_copy(world, rng, "cc", url, src, reencode=False))
+    world.control("cc", sha1_key(url), url, src, "upper_host variant of the COCO URL of an image no eval split uses")
+    return rows
+
+
+def _plant_linked_sbu(world: World) -> list[Row]:
+    """SBU rows at other URLs of RefCOCO+-only images' Flickr photos (the original-size URL on
+    live.staticflickr.com/65535 with its own secret, or another host/size), and one control at the
+    original-size URL of a photo no eval split uses. COCO's test images have no Flickr URL."""
+    rng, coco = world.rng("sbu_linked"), world.info["coco"]
+    pool = _only_eval_of(world, world.info["refcoco"]["eval_keys"], "refcoco")
+    rows = []
+    for i in range(world.cfg.n_planted_each):
+        src = _take_linked(world, pool, rng)
+        photo = coco["photo"][src]
+        url, desc = original_url(rng, photo), "live.staticflickr.com/65535 original, other secret, _o"
+        if i % 2 == 1:
+            url, desc = flickr_variant(rng, photo, "farm_staticflickr")
+            if f"sbu/{sha1_key(url)}" in world.images:  # the same URL again (a small world)
+                url, desc = original_url(rng, photo), "live.staticflickr.com/65535 original, other secret, _o"
+        rows.append(_copy(world, rng, "sbu", url, src, reencode=False))
+        world.overlap("sbu", sha1_key(url), url, "flickr_photo_id", [src], f"{REFCOCO_ONLY}: {desc}")
+    harmless = _harmless_coco(world)
+    src = harmless[int(rng.integers(len(harmless)))]
+    url = original_url(rng, coco["photo"][src])
+    rows.append(_copy(world, rng, "sbu", url, src, reencode=False))
+    world.control("sbu", sha1_key(url), url, src, "original-size Flickr URL of a COCO photo no eval split uses")
+    return rows
+
+
 def _line_defects(world: World, rng: np.random.Generator, dataset: str, rows: list[Row], new_url) -> list[Row]:
     """Image defects on own rows (truncated, missing) and the returned extra defective rows."""
     own = [r for r in rows if r.image_key]  # rows of the dataset's own scenes
@@ -120,6 +205,7 @@ def write_cc(world: World) -> None:
     bad_url.defect = ("bad_url", "URL without '://'")
     no_tab = Row(b"a caption line without any url", "", ("malformed_row", "no TAB separator"))
     rows = insert_randomly(rng, train, planted + extra + [bad_url, no_tab])
+    rows = insert_randomly(world.rng("cc_linked_rows"), rows, _plant_linked_cc(world))
     lines = []
     for lineno, row in enumerate(rows, start=1):
         lines.append(row.caption + (b"\t" + row.url.encode() if row.url else b""))
@@ -140,6 +226,7 @@ def write_sbu(world: World) -> None:
     bad_url = _own(world, rng, "sbu", "htp:/static.flickr.com/broken link.jpg")
     bad_url.defect = ("bad_url", "scheme 'htp' and a space in the URL")
     rows = insert_randomly(rng, own, planted + extra + [bad_url])
+    rows = insert_randomly(world.rng("sbu_linked_rows"), rows, _plant_linked_sbu(world))
     for lineno, row in enumerate(rows, start=1):
         if row.defect:
             fname = "sbu/SBU_captioned_photo_dataset_urls.txt" if row.defect[0] == "bad_url" \

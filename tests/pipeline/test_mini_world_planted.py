@@ -23,6 +23,7 @@ from PIL import Image
 
 from pipeline.configs.world import MiniWorldConfig
 from pipeline.mini_world import generate, small_config
+from pipeline.mini_world.web import REFCOCO_ONLY, VQA_TEST_ONLY
 
 FLICKR_RE = re.compile(r"^https?://(?:farm\d+\.static\.flickr\.com|farm\d+\.staticflickr\.com|live\.staticflickr\.com"
                        r"|static\.flickr\.com)/\d+/(\d+)_[0-9a-f]+(?:_[a-z])?\.jpg$")
@@ -92,10 +93,25 @@ def _pretrain_key(o: dict) -> str:
 # ---------------------------------------------------------------------------------- overlaps
 
 
+def _linked(o: dict) -> str | None:
+    """Which eval image an overlap reaches only through another dataset's files (None: its own)."""
+    return next((k for k in (REFCOCO_ONLY, VQA_TEST_ONLY) if o["variant"].startswith(k)), None)
+
+
 def test_every_kind_is_planted_n_times(planted):
-    kinds = Counter((o["dataset"], o["reason"]) for o in planted["overlaps"] if o["reason"] != "eval_split")
+    n = small_config("x").n_planted_each
+    kinds = Counter((o["dataset"], o["reason"]) for o in planted["overlaps"]
+                    if o["reason"] != "eval_split" and not _linked(o))
     assert set(kinds) == OVERLAP_KINDS
-    assert set(kinds.values()) == {small_config("x").n_planted_each}
+    assert set(kinds.values()) == {n}
+    # RefCOCO+-only and VQA-test-only eval images: CC at COCO-URL variants, SBU at other Flickr URLs
+    linked = Counter((o["dataset"], o["reason"], _linked(o)) for o in planted["overlaps"] if _linked(o))
+    assert linked == {("cc", "canonical_url", REFCOCO_ONLY): (n + 1) // 2, ("cc", "canonical_url", VQA_TEST_ONLY): n // 2,
+                      ("sbu", "flickr_photo_id", REFCOCO_ONLY): n}
+    for o in planted["overlaps"]:
+        if _linked(o):
+            assert {m.split("/")[0] for m in o["matches"]} == {"refcoco" if _linked(o) == REFCOCO_ONLY else "vqa"}
+    assert any("/65535/" in o["url"] and o["url"].endswith("_o.jpg") for o in planted["overlaps"] if _linked(o))
     variants = " ".join(o["variant"] for o in planted["overlaps"] if o["reason"] == "canonical_url")
     for v in ("upper_host", "default_port", "dot_segments", "fragment", "query_order", "percent_encoding"):
         assert v in variants
@@ -110,6 +126,8 @@ def test_matches_name_real_eval_images(world_dir, planted):
             json.loads((world_dir / "flickr30k/dataset_flickr30k.json").read_text())["images"]}
     refs = pickle.loads((world_dir / "refcoco+/refs(unc).p").read_bytes())
     ref_split = {str(r["image_id"]): r["split"] for r in refs}
+    vqa_test = {str(q["image_id"]) for q in json.loads(
+        (world_dir / "vqa/v2_OpenEnded_mscoco_test2015_questions.json").read_text())["questions"]}
     for o in planted["overlaps"]:
         assert o["matches"], o
         for m in o["matches"]:
@@ -124,6 +142,8 @@ def test_matches_name_real_eval_images(world_dir, planted):
                 assert split in ("dev", "test") and {"dev": "val", "test": "test"}[split] == f30k[image_id]
             elif dataset == "nlvr2":
                 assert split in ("dev", "test") and image_id.startswith({"dev": "dev-", "test": "test1-"}[split])
+            elif dataset == "vqa":
+                assert split == "test" and image_id in vqa_test
             else:
                 raise AssertionError(m)
 
@@ -142,8 +162,20 @@ def test_overlap_ids_and_urls_are_in_the_files(world_dir, planted):
         for line in (world_dir / f"nlvr2/{f}.json").read_text().splitlines():
             row = json.loads(line)
             nlvr2_left[row["identifier"].rsplit("-", 1)[0] + "-img0"] = row["left_url"]
+    test2015 = {str(im["id"]): im for im in
+                json.loads((world_dir / "coco/annotations/image_info_test2015.json").read_text())["images"]}
+    assert all("flickr_url" not in im for im in test2015.values())  # as in the real test image list
     for o in planted["overlaps"]:
         targets = [m.split("/", 2)[2] for m in o["matches"]]
+        if _linked(o):  # the eval rows carry a COCO id only: the URL is in COCO's own files
+            info = cap[targets[0]] if _linked(o) == REFCOCO_ONLY else test2015[targets[0]]
+            assert o["url"] in (cc_urls if o["dataset"] == "cc" else sbu_urls)
+            if o["reason"] == "canonical_url":
+                assert o["url"] != info["coco_url"] and _canonical(o["url"]) == _canonical(info["coco_url"])
+            else:
+                assert o["reason"] == "flickr_photo_id" and o["url"] != info["flickr_url"]
+                assert FLICKR_RE.match(o["url"]).group(1) == FLICKR_RE.match(info["flickr_url"]).group(1)
+            continue
         if o["dataset"] == "coco":
             im = cap[o["image_id"]]
             if o["reason"] == "flickr_photo_id":
@@ -187,18 +219,30 @@ def test_overlapping_copies_show_the_same_pixels(world_dir, planted, scenes):
                 assert a != b  # a re-encode, not a byte copy
 
 
-def test_controls_are_vg_copies_of_train_images(world_dir, planted, scenes):
+def test_controls_are_copies_of_images_no_eval_split_uses(world_dir, planted, scenes):
     karpathy = {str(im["cocoid"]): im["split"] for im in
                 json.loads((world_dir / "coco/karpathy/dataset_coco.json").read_text())["images"]}
     eval_coco = {m.split("/")[2] for o in planted["overlaps"] for m in o["matches"] if m.split("/")[0] in
                  ("coco", "refcoco")}
     vg = {str(r["image_id"]): r for r in json.loads((world_dir / "vg/image_data.json").read_text())}
-    assert len(planted["controls"]) >= 6
+    cap = {}
+    for s in ("train2014", "val2014"):
+        for im in json.loads((world_dir / f"coco/annotations/captions_{s}.json").read_text())["images"]:
+            cap[str(im["id"])] = im
+    assert len(planted["controls"]) >= 8
+    assert Counter(c["dataset"] for c in planted["controls"])["cc"] == 1
+    assert Counter(c["dataset"] for c in planted["controls"])["sbu"] == 1
     for c in planted["controls"]:
         coco_id = c["shares_with"].split("/")[1]
-        assert str(vg[c["image_id"]]["coco_id"]) == coco_id
+        if c["dataset"] == "cc":  # look-alike of the linked plants: a COCO URL variant of a non-eval image
+            assert _canonical(c["url"]) == _canonical(cap[coco_id]["coco_url"]) != c["url"]
+        elif c["dataset"] == "sbu":  # ... and another URL of a non-eval COCO image's Flickr photo
+            assert FLICKR_RE.match(c["url"]).group(1) == FLICKR_RE.match(cap[coco_id]["flickr_url"]).group(1)
+        else:
+            assert str(vg[c["image_id"]]["coco_id"]) == coco_id
+        key = f"{c['dataset']}/{c['image_id']}"
         assert karpathy[coco_id] in ("train", "restval", "val") and coco_id not in eval_coco
-        assert scenes[f"vg/{c['image_id']}"]["scene"] == scenes[c["shares_with"]]["scene"]
+        assert scenes[key]["scene"] == scenes[c["shares_with"]]["scene"]
 
 
 def test_distinct_scenes_are_far_apart_in_phash(world_dir, scenes):
