@@ -369,3 +369,39 @@ def test_vectorized_fast_path_handles_the_common_shapes():
                                  "http://x.com/a?a=2&b=1", "12345.jpg"]
     # a URL column never yields ids from bare file names: only flickr_photo_id() reads those
     assert flickr_photo_ids_from_canonical(canon).to_pylist() == [None, None, None, None, None, "2", None, None]
+
+
+# The spellings under which CC and SBU rows pointed at RefCOCO+ / VQA-test images in real files
+# (the decontamination gap these keys close): each group must give one canonical URL or one photo id,
+# scalar and vectorized alike, and a neighbouring id must not.
+COCO_SPELLINGS = [
+    "http://images.cocodataset.org/train2014/COCO_train2014_000000012345.jpg",
+    "http://Images.CocoDataset.ORG/train2014/COCO_train2014_000000012345.jpg",
+    "HTTP://IMAGES.COCODATASET.ORG/train2014/COCO_train2014_000000012345.jpg",
+    "http://images.cocodataset.org:80/train2014/COCO_train2014_000000012345.jpg",
+    "http://images.cocodataset.org/./train2014/COCO_train2014_000000012345.jpg",
+    "http://images.cocodataset.org/train2014/./COCO_train2014_000000012345.jpg",
+    "http://images.cocodataset.org/tmp/../train2014/COCO_train2014_000000012345.jpg",
+    "http://images.cocodataset.org/train2014/COCO_train2014_000000012345.jpg#fragment",
+    "http://Images.CocoDataset.ORG:80/./train2014/COCO_train2014_000000012345.jpg#f",
+]
+FLICKR_SPELLINGS = [
+    "http://farm4.staticflickr.com/1004/5432109876_abcdef1234_z.jpg",
+    "https://live.staticflickr.com/65535/5432109876_0f1e2d3c4b_o.jpg",
+    "https://live.staticflickr.com/65535/5432109876_0f1e2d3c4b_o.JPG",
+    "https://LIVE.staticflickr.com:443/65535/5432109876_0f1e2d3c4b_b.jpg#x",
+    "http://farm4.static.flickr.com/1004/05432109876_abcdef1234.jpg",
+]
+
+
+def test_coco_url_spellings_share_one_canonical_url_and_flickr_urls_one_photo_id():
+    canon, photo = url_keys(COCO_SPELLINGS + FLICKR_SPELLINGS)
+    assert set(canon.to_pylist()[: len(COCO_SPELLINGS)]) == {COCO_SPELLINGS[0]}
+    assert {canonical_url(u) for u in COCO_SPELLINGS} == {COCO_SPELLINGS[0]}
+    assert photo.to_pylist()[: len(COCO_SPELLINGS)] == [None] * len(COCO_SPELLINGS)
+    assert set(photo.to_pylist()[len(COCO_SPELLINGS):]) == {"5432109876"}
+    assert {flickr_photo_id(u) for u in FLICKR_SPELLINGS} == {"5432109876"}
+    neighbours = ["http://images.cocodataset.org/train2014/COCO_train2014_000000012346.jpg",
+                  "https://live.staticflickr.com/65535/5432109877_0f1e2d3c4b_o.jpg"]
+    canon, photo = url_keys(neighbours)
+    assert canon.to_pylist()[0] != COCO_SPELLINGS[0] and photo.to_pylist()[1] != "5432109876"

@@ -69,7 +69,8 @@ def fixture_overrides(tmp_path: Path) -> list[str]:
                  # the coco reader does not read instances files; any existing file satisfies world: real
                  "instances_train": f / "coco/captions_train2014.json",
                  "instances_val": f / "coco/captions_val2014.json",
-                 "karpathy": f / "coco/dataset_coco.json", "image_root": images / "coco"},
+                 "karpathy": f / "coco/dataset_coco.json", "image_root": images / "coco",
+                 "image_info_test": f / "coco/image_info_test2015.json"},
         "vg": {"image_data": f / "vg/image_data.json", "region_descriptions": f / "vg/region_descriptions.json",
                "image_root": images / "vg"},
         "flickr30k": {"karpathy": f / "flickr30k/dataset_flickr30k.json", "image_root": images / "flickr30k"},
