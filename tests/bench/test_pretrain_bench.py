@@ -1,0 +1,34 @@
+"""bench/pretrain.py's stage world end to end on tiny settings: the world is built by the real
+build_dbs stage, the four loops run in rotating rounds and the table has every row (docs/throughput.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "pretrain.py"
+ROWS = ("bare", "plain", "engine", "loop", "loop+log")
+
+
+def test_stage_bench_prints_every_loop_and_the_target_line():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--images", "24", "--steps", "3",
+                           "--rounds", "2", "--batch-tokens", "256", "--threads", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("loop ") and "tokens/s" in line)
+    table = {}
+    for line in lines[header + 1:header + 1 + len(ROWS)]:
+        name, *_, tokens_s, step_ms, ratio, paired = line.split()
+        table[name] = (float(tokens_s), float(step_ms), float(ratio), float(paired))
+    assert tuple(table) == ROWS
+    assert table["bare"][2] == table["bare"][3] == 1.0 and all(min(v) > 0 for v in table.values())
+    for name, (tokens_s, _, ratio, _) in table.items():  # the ratio column is tokens/s over (a)'s
+        assert abs(ratio - tokens_s / table["bare"][0]) < 0.002 + 1e-3 * ratio, name
+    assert table["loop+log"][0] <= table["loop"][0] * 1.03  # the same run, more time counted (ms rounding)
+    assert sum(line.startswith("round ") for line in lines) == 2
+    assert re.search(r"^b/a = \d\.\d{3}$", proc.stdout, re.M)
+    assert re.search(r"^c/a = \d\.\d{3}  target >= 0\.85: (met|NOT met)$", proc.stdout, re.M)
