@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "model")
 # Plumbing every stage imports that does not change the bytes a stage writes: the params parser
 # (its values are deps key by key), the stage registry and CLI, run records (only `_run.json`) and
-# the ownership marker (it says which stage wrote a directory, never what the stage computed).
+# the ownership marker (it says which stage wrote a directory, never what the stage computed) and
+# progress display (bars or log lines).
 PLUMBING = {
     "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/config.py", "pipeline/stages.py",
-    "pipeline/runinfo.py", "pipeline/ownership.py", "model/__init__.py",
+    "pipeline/runinfo.py", "pipeline/ownership.py", "pipeline/progress.py", "model/__init__.py",
 }
 PLUMBING_DIRS = ("pipeline/configs/",)
 
