@@ -270,12 +270,17 @@ def test_the_planted_near_duplicates_are_close_and_the_rest_far():
     assert min((a ^ o).bit_count() for o in others) > 12
 
 
+def copy_manifests(data: Path, dest: Path) -> Path:
+    """A fresh data dir ``dest`` holding a copy of ``data``'s manifests (decontaminate's inputs)."""
+    (dest / "manifests").mkdir(parents=True)
+    for f in (data / "manifests").iterdir():
+        (dest / "manifests" / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
 def test_outputs_are_byte_identical_across_runs(world, tmp_path):
     w, data, _ = world
-    again = tmp_path / "data"
-    (again / "manifests").mkdir(parents=True)
-    for f in (data / "manifests").iterdir():
-        (again / "manifests" / f.name).write_bytes(f.read_bytes())
+    again = copy_manifests(data, tmp_path / "data")
     decontaminate.run(_params(again, image_info=data.parent / "image_info_test2015.json"))
     for sub in ("clean", "reports/cleaning"):
         first = {p.name: p.read_bytes() for p in (data / sub).iterdir() if p.name != "_run.json"}
@@ -287,10 +292,7 @@ def test_outputs_are_byte_identical_across_runs(world, tmp_path):
 
 def test_near_duplicates_off_and_eval_splits_param(world, tmp_path):
     w, data, _ = world
-    out = tmp_path / "data"
-    (out / "manifests").mkdir(parents=True)
-    for f in (data / "manifests").iterdir():
-        (out / "manifests" / f.name).write_bytes(f.read_bytes())
+    out = copy_manifests(data, tmp_path / "data")
     # Karpathy val excluded too; no pHash: the near duplicates stay, coco 3 goes, VG 12 (coco_id 3) goes
     reports = decontaminate.run(_params(out, "decontaminate.near_duplicates=false",
                                         "decontaminate.eval_splits.coco=[val,test]",
@@ -303,10 +305,7 @@ def test_near_duplicates_off_and_eval_splits_param(world, tmp_path):
 
 def test_image_info_test_null_leaves_test_images_known_by_id_and_a_missing_one_is_named(world, tmp_path):
     w, data, _ = world
-    out = tmp_path / "data"
-    (out / "manifests").mkdir(parents=True)
-    for f in (data / "manifests").iterdir():
-        (out / "manifests" / f.name).write_bytes(f.read_bytes())
+    out = copy_manifests(data, tmp_path / "data")
     with pytest.raises(FileNotFoundError, match=r"sources\.coco\.image_info_test: .*nowhere\.json does not exist"):
         decontaminate.run(_params(out, image_info=tmp_path / "nowhere.json"))
     params = load_params(REPO / "params.yaml", [f"paths.data={out}", "decontaminate.workers=1",
