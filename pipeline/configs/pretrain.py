@@ -75,7 +75,7 @@ class PretrainConfig:
     master_port: int = bounded(0, 0, 65535)  # 0: a free port
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    zero_stage: int = 2  # 0, 1 or 2 (problems(): ZeRO-3 is not supported)
+    zero_stage: int = 0  # 0, 1 or 2 (problems(): ZeRO-3 is not supported); >0 only pays off on several ranks
     num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
     optim: OptimConfig = field(default_factory=OptimConfig)

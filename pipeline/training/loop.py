@@ -16,7 +16,7 @@ import torch
 
 from pipeline.progress import track
 from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
-from pipeline.training.engine import Precision, cast_batch, current_lr
+from pipeline.training.engine import Precision, cast_batch, current_lr, fill_missing_grads
 from pipeline.training.launch import DistInfo
 from pipeline.training.metrics import MetricsLogger, RunningMeans, evaluate
 from pipeline.training.streams import BatchStream
@@ -125,6 +125,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             interval_tokens += batch_units(batch)
             out = engine(prepare(batch), task)
             engine.backward(out.loss)
+            fill_missing_grads(engine)
             engine.step()
             loss = float(out.loss.detach())
             means.add(f"train/{task}", loss, out.metrics)

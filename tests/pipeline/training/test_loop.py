@@ -4,6 +4,7 @@ exactly after a crash at an arbitrary step, and it exports the consolidated weig
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from pathlib import Path
 
@@ -142,3 +143,24 @@ def test_a_constant_speed_loop_logs_a_constant_rate(toy, tmp_path):
     timings = result.timings_s
     assert timings["validation"] > 0 and timings["checkpoint"] > 0
     assert timings["train"] >= 24 * 2 * 4 * seconds_per_unit  # at least 2 micro-batches of >= 4 tokens a step
+
+
+def test_one_rank_shortcut_trains_the_same_bits_as_the_all_reduce(toy, tmp_path, monkeypatch):
+    """ZeRO-0 on one rank skips DeepSpeed's gradient all-reduce (an identity that costs three passes
+    over every gradient) and zero-fills the gradients of the heads a step did not use, as the
+    all-reduce did: the weights after training are the same bits as with the all-reduce."""
+    shortcut, _ = run_toy(toy, tmp_path / "shortcut", total=6, zero_stage=0)
+
+    plain_initialize = initialize
+
+    def with_all_reduce(model, settings):
+        engine = plain_initialize(model, settings)
+        assert engine.enable_backward_allreduce is False  # the shortcut is on for one rank, ZeRO-0
+        engine.enable_backward_allreduce = True
+        return engine
+
+    monkeypatch.setattr(sys.modules[__name__], "initialize", with_all_reduce)
+    reduced, _ = run_toy(toy, tmp_path / "all_reduce", total=6, zero_stage=0)
+    assert shortcut.keys() == reduced.keys()
+    for name, value in shortcut.items():
+        assert torch.equal(value, reduced[name]), name
