@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 LOCK_DIR = Path("cache") / "locks"
 WAIT_ENV = "UNITER_LOCK_WAIT"
 BUSY_EXIT = 3
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # = training.launch._LAUNCH_ENV
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # = training.launch.LAUNCH_ENV
 # data/models/<name> of each pretraining stage, from pretrain.out_name (as pipeline.pretrain.plan_stage names it)
 PRETRAIN_OUTPUTS = {"pretrain": "{}", "pretrain_masking": "{}_masking_ablation", "pretrain_vcr": "{}_vcr"}
 

@@ -32,6 +32,9 @@ class FinetuneConfig:
     retrieval_eval_captions: int = bounded(2, 0, 1000)
     compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
     scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
+    # on CPU, train both starts at once, each in its own process with half the cores (faster than
+    # one process using all of them); on GPU they run one after the other
+    parallel_starts: bool = True
     eval_batch_tokens: int = bounded(8192, 1, MAX_TOKENS)  # evaluation batches (no gradients, so larger)
     log_every: int = bounded(5, 1, MAX_STEPS)
     val_batches: int = bounded(2, 0, MAX_COUNT)  # fixed held-out batches per stream (dvclive val curves); 0: none

@@ -23,7 +23,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,7 +41,7 @@ class DistInfo:
 
 def in_launched_worker() -> bool:
     """True inside a process started by the ``deepspeed`` (or torchrun) launcher."""
-    return all(k in os.environ for k in _LAUNCH_ENV)
+    return all(k in os.environ for k in LAUNCH_ENV)
 
 
 def free_port() -> int:
@@ -61,7 +61,7 @@ def process_group(device_type: str) -> Iterator[DistInfo]:
     import deepspeed
     import torch.distributed as dist
 
-    saved = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+    saved = {k: os.environ.get(k) for k in LAUNCH_ENV}
     if not in_launched_worker():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))

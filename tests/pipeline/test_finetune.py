@@ -174,6 +174,30 @@ def test_scratch_comparison_has_the_same_budget_and_head_start(data):
     assert "uniter.embeddings.word_embeddings.weight" in state and "head.3.weight" in state
 
 
+def test_parallel_starts_give_what_one_thread_gives_one_after_the_other(data):
+    """finetune.parallel_starts trains each start in a child process with half the cores (here 1
+    thread on 2 cores): the metrics, curves and weights are those of the same starts trained one
+    after the other in this process with the same one thread."""
+    import torch
+
+    from pipeline.finetune import run
+
+    overrides = (budget("snli_ve", steps=4), "finetune.compare_scratch=true")
+    outputs = ("models/snli_ve/model.safetensors", "models/snli_ve/eval.json", "metrics/snli_ve.json",
+               *(f"metrics/snli_ve/{init}/plots/metrics/train/loss.tsv" for init in ("pretrained", "scratch")))
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    parallel = run(ft_params(data, *overrides, "finetune.parallel_starts=true"), "snli_ve")["snli_ve"]
+    digests = {name: file_digest(data / name) for name in outputs}
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        sequential = run(ft_params(data, *overrides, "finetune.parallel_starts=false"), "snli_ve")["snli_ve"]
+    finally:
+        torch.set_num_threads(saved)
+    assert parallel == sequential and set(parallel["summary"]["test/accuracy"]) >= {"pretrained", "scratch"}
+    assert {name: file_digest(data / name) for name in outputs} == digests
+
+
 def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     """model.region_init=class_names: the non-pretrained start fits its region projection exactly as
     the pretraining stage does, so the comparison isolates what pretraining learned."""
@@ -255,7 +279,7 @@ def test_killed_run_resumes_to_identical_outputs(data):
     """SIGKILL mid-training (the scratch start, after the pretrained one finished), rerun: the same
     bytes as an uninterrupted run. Retrieval exercises two streams and the hard-negative pools."""
     common = (budget("retrieval_flickr", steps=8), "finetune.checkpoint_every=3", "finetune.compare_scratch=true",
-              "finetune.val_every=4")
+              "finetune.val_every=4", "finetune.parallel_starts=false")  # the starts in turn: kill the second
     outputs = ("models/retrieval_flickr/model.safetensors", "models/retrieval_flickr/eval.json",
                "metrics/retrieval_flickr.json", "metrics/retrieval_flickr/scratch/plots/metrics/train/loss.tsv")
     subprocess.run(_cli(data, *common), cwd=ROOT, env=_env(), check=True, capture_output=True)
