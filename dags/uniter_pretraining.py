@@ -140,7 +140,7 @@ def uniter_pretraining():
 
     @task(pool=GPU_POOL)
     def pretrain_masking(run: dict) -> None:
-        """The first stage with the other masking: the masking ablation in results.md."""
+        """The first stage with the other masking: the masking ablation of ablations.md."""
         _run_stage(run, "pretrain_masking")
 
     @task(pool=GPU_POOL)
@@ -154,6 +154,11 @@ def uniter_pretraining():
     @task
     def results(run: dict) -> None:
         _run_stage(run, "results")
+
+    @task
+    def ablations(run: dict) -> None:
+        """data/reports/ablations.md: the masking ablation's table."""
+        _run_stage(run, "ablations")
 
     @task
     def plots(run: dict) -> None:
@@ -181,12 +186,14 @@ def uniter_pretraining():
     ablation = pretrain_masking(run)
     tuned = finetune.partial(run=run).expand(finetune_task=items.override(task_id="tasks")(run, "tasks"))
     table = results(run)
+    ablation_table = ablations(run)
     curves = plots(run)
     done = record(run)
     world >> ingested >> cleaned >> features
     world >> detector >> features
     features >> dbs >> first >> second >> tuned >> [table, curves] >> done
-    dbs >> ablation >> table
+    dbs >> ablation >> ablation_table >> done
+    first >> ablation_table
 
 
 uniter_pretraining()

@@ -1,8 +1,7 @@
 """Stage ``results``: the results table of every fine-tuned task and their Meta-Sum.
 
 Reads ``data/metrics/<task>.json`` (written by ``finetune@<task>``) for every task of
-``finetune.tasks`` and, when they exist, the pretraining reports ``data/models/<out_name>/eval.json``
-and ``data/models/<out_name>_masking_ablation/eval.json``;
+``finetune.tasks`` and, when it exists, the pretraining report ``data/models/<out_name>/eval.json``;
 writes ``data/reports/results.json`` (a DVC metrics file, so ``dvc exp show`` lists it per
 experiment) and ``data/reports/results.md``:
 
@@ -13,9 +12,9 @@ experiment) and ``data/reports/results.md``:
    ours adds VCR and SNLI-VE, so compare Meta-Sums of this pipeline with each other only);
 3. reference levels: model-free scores a task defines beside its main metric (RefCOCO+: the class
    oracle), with both starts' scores next to them;
-4. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it;
-5. the masking ablation: the held-out metrics of the first stage and of the same run with the
-   other masking (stage ``pretrain_masking``), measured on the same held-out batches.
+4. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it.
+
+The masking ablation is reported apart, by ``pipeline.ablations`` (``ablations/dvc.yaml``).
 
 ``python -m pipeline report results [--exps]`` shows the same table, or several experiments side
 by side (``pipeline.results_cli``).
@@ -93,25 +92,6 @@ def pretraining_report(path: Path) -> dict[str, Any] | None:
     return {"setting": setting, "held_out": held_out}
 
 
-def masking_ablation(main: Path, ablation: Path) -> dict[str, Any] | None:
-    """``{"steps", "metrics": {label: {masking: value}}, "maskings": [...]}`` of the first stage and
-    its other-masking twin; None unless both reports exist and their maskings differ."""
-    if not (main.exists() and ablation.exists()):
-        return None
-    reports = [json.loads(main.read_text()), json.loads(ablation.read_text())]
-    maskings = [r.get("masking") for r in reports]
-    if maskings[0] == maskings[1]:
-        log.warning("results: %s and %s were both trained with %s masking; no masking ablation", main, ablation,
-                    maskings[0])
-        return None
-    if reports[0].get("held_out") != reports[1].get("held_out") or reports[0].get("steps") != reports[1].get("steps"):
-        raise ValueError(f"{ablation}: held-out batches or steps differ from {main}; "
-                         "rerun `dvc repro pretrain_masking`")
-    metrics = {label: {m: r.get("pretrained", {}).get(task, {}).get(metric) for m, r in zip(maskings, reports)}
-               for task, metric, label in PRETRAIN_METRICS}
-    return {"steps": reports[0].get("steps"), "maskings": sorted(maskings), "metrics": metrics}
-
-
 def _tasks(mix: Mapping[str, float] | None) -> str:
     """``{"mlm": 2.0, "mrc": 0.0, "itm": 1.0}`` -> ``"itm 1, mlm 2"`` (tasks that are on, by name)."""
     return ", ".join(f"{k} {v:g}" for k, v in sorted((mix or {}).items()) if v)
@@ -167,19 +147,10 @@ def render_markdown(results: Mapping[str, Any]) -> str:
                   "| held-out metric | before pretraining | after |", "|---|---:|---:|"]
         for label, v in pre["held_out"].items():
             lines.append(f"| {label} | {_fmt(v['before'])} | {_fmt(v['after'])} |")
-    ablation = results.get("masking_ablation")
-    if ablation:
-        names = ablation["maskings"]
-        lines += ["", "## Masking ablation", "",
-                  f"The first stage trained twice, {_fmt(ablation['steps'])} steps each, with the same seed, data "
-                  "order and held-out batches; only how training batches are masked differs (*conditional*: one "
-                  "modality per batch, as UNITER; *joint*: words and regions masked together). Whatever it shows "
-                  "is reported: neither the world nor the seeds were tuned for either.", "",
-                  "| held-out metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        for label, by_masking in ablation["metrics"].items():
-            lines.append(f"| {label} | " + " | ".join(_fmt(by_masking.get(n)) for n in names) + " |")
     if pre:
-        lines += ["", "Other ablations (task subsets, WRA, in- vs out-of-domain data) are separate DVC experiments "
+        lines += ["", "The masking ablation (the first stage again with the other masking) is a pipeline of its own, "
+                  "outside the default graph: `dvc repro ablations/dvc.yaml` writes `data/reports/ablations.md`. "
+                  "Other ablations (task subsets, WRA, in- vs out-of-domain data) are separate DVC experiments "
                   "(`dvc exp run -S pretrain.wra=false`); `python -m pipeline report results --exps` puts them "
                   "side by side."]
     return "\n".join(lines) + "\n"
@@ -192,9 +163,7 @@ def run(params: Params) -> dict[str, Any]:
     records = load_task_metrics(data / "metrics", tasks)
     models, name = data / "models", params.pretrain.out_name
     results = {"tasks": tasks, **summarize(records),
-               "pretraining": pretraining_report(models / name / "eval.json"),
-               "masking_ablation": masking_ablation(models / name / "eval.json",
-                                                    models / f"{name}_masking_ablation" / "eval.json")}
+               "pretraining": pretraining_report(models / name / "eval.json")}
     out = data / "reports"
     atomic_write_json(out / RESULTS_JSON, results)
     atomic_write_bytes(out / RESULTS_MD, render_markdown(results).encode("utf-8"))

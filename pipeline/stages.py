@@ -30,10 +30,11 @@ STAGES: dict[str, Stage] = {
         Stage("build_dbs", "pipeline.build_dbs:run", "LMDB image and text stores"),
         Stage("pretrain", "pipeline.pretrain:run", "DeepSpeed pretraining (first stage)"),
         Stage("pretrain_masking", "pipeline.pretrain:run_masking_ablation",
-              "the first stage with the other masking (results.md's masking ablation)"),
+              "the first stage with the other masking (ablations/dvc.yaml)"),
         Stage("pretrain_vcr", "pipeline.pretrain:run_vcr", "VCR second-stage pretraining"),
         Stage("finetune", "pipeline.finetune:run", "fine-tune and evaluate one task", item="task"),
         Stage("results", "pipeline.results:run", "results table with Meta-Sum"),
+        Stage("ablations", "pipeline.ablations:run", "the masking ablation's table (ablations/dvc.yaml)"),
     )
 }
 

@@ -57,7 +57,7 @@ MODULE_STAGES = {"plots": ("pipeline.plots", "python -m pipeline.plots")}
 def expected_stage_names() -> set[str]:
     return (
         {"mini_world", "decontaminate", "train_detector", "build_dbs", "pretrain", "pretrain_masking", "pretrain_vcr",
-         "results"}
+         "results", "ablations"}
         | set(MODULE_STAGES)
         | {f"ingest@{d}" for d in DATASETS}
         | {f"extract@{s}" for s in IMAGE_SOURCES}

@@ -44,8 +44,8 @@ def test_dag_folder_imports_cleanly_and_holds_only_the_dag():
 
 def test_tasks_run_in_stage_order():
     dag = the_dag()
-    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "pretrain_masking", "plots", "datasets",
-                                              "image_sources", "tasks"}
+    assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "pretrain_masking", "ablations", "plots",
+                                              "datasets", "image_sources", "tasks"}
     for before, after in zip(CHAIN, CHAIN[1:]):
         assert before in dag.get_task(after).get_flat_relative_ids(upstream=True), f"{before} must precede {after}"
     extract_upstream = dag.get_task("extract").get_flat_relative_ids(upstream=True)
@@ -53,9 +53,12 @@ def test_tasks_run_in_stage_order():
     assert "mini_world" in dag.get_task("train_detector").upstream_task_ids
     assert dag.get_task("plots").upstream_task_ids == {"prepare", "finetune"}
     assert "plots" in dag.get_task("record").upstream_task_ids
-    # the masking ablation needs only the stores, and the results table needs it
+    # the masking ablation needs only the stores; its table needs both first stages, and the
+    # results table does not wait for it
     assert dag.get_task("pretrain_masking").upstream_task_ids == {"prepare", "build_dbs"}
-    assert "pretrain_masking" in dag.get_task("results").upstream_task_ids
+    assert dag.get_task("ablations").upstream_task_ids == {"prepare", "pretrain", "pretrain_masking"}
+    assert "pretrain_masking" not in dag.get_task("results").get_flat_relative_ids(upstream=True)
+    assert "ablations" in dag.get_task("record").upstream_task_ids
 
 
 def test_stages_map_over_datasets_sources_and_tasks():

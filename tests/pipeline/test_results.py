@@ -72,37 +72,20 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     assert {p: (data / "reports" / p).read_bytes() for p in before} == before
 
 
-def test_masking_ablation_table_from_both_first_stage_reports(tmp_path):
+def test_results_md_points_to_the_ablations_pipeline_and_ignores_an_ablation_run(tmp_path):
     from pipeline.results import run
 
     data = tmp_path / "data"
     write_metrics(data, VQA)
-    held_out = {"mlm": {"batches": 4, "examples": 100}}
-    conditional = {**PRETRAIN_EVAL, "masking": "conditional", "held_out": held_out,
-                   "first_phase": {"steps": 30, "mix_ratio": {"itm": 1.0, "mlm": 0.0}},
-                   "pretrained": {"mlm": {"mlm_acc": 0.312}, "mrc_kl": {"mrc_acc": 0.043}, "itm": {"itm_acc": 0.611}}}
-    joint = {**PRETRAIN_EVAL, "masking": "joint", "held_out": held_out,
-             "pretrained": {"mlm": {"mlm_acc": 0.262}, "mrc_kl": {"mrc_acc": 0.051}, "itm": {"itm_acc": 0.531}}}
-    params = params_for(data, "finetune.tasks=[vqa]")
-    for name, report in (("pretrain", conditional), ("pretrain_masking_ablation", joint)):
-        (data / "models" / name).mkdir(parents=True)
-        (data / "models" / name / "eval.json").write_text(json.dumps(report))
-    results = run(params)
+    (data / "models" / "pretrain").mkdir(parents=True)
+    (data / "models" / "pretrain" / "eval.json").write_text(json.dumps(
+        {**PRETRAIN_EVAL, "first_phase": {"steps": 30, "mix_ratio": {"itm": 1.0, "mlm": 0.0}}}))
+    results = run(params_for(data, "finetune.tasks=[vqa]"))
     md = (data / "reports" / "results.md").read_text()
     assert "tasks: itm 2, mlm 2 (steps 1-30: itm 1)." in md
-    assert "## Masking ablation" in md and "| held-out metric | conditional | joint |" in md
-    assert "| MLM acc | 0.31 | 0.26 |" in md and "| MRC-kl acc | 0.04 | 0.05 |" in md
-    assert "| ITM acc | 0.61 | 0.53 |" in md
-    assert results["masking_ablation"]["metrics"]["MLM acc"] == {"conditional": 0.312, "joint": 0.262}
-    # the ablation is only a comparison when both runs saw the same held-out batches
-    (data / "models" / "pretrain_masking_ablation" / "eval.json").write_text(
-        json.dumps({**joint, "held_out": {"mlm": {"batches": 4, "examples": 99}}}))
-    with pytest.raises(ValueError, match="held-out batches or steps differ"):
-        run(params)
-    # without the ablation run the section is left out
-    (data / "models" / "pretrain_masking_ablation" / "eval.json").unlink()
-    assert run(params)["masking_ablation"] is None
-    assert "## Masking ablation" not in (data / "reports" / "results.md").read_text()
+    # the masking ablation is a pipeline of its own (pipeline.ablations), not a section of results.md
+    assert "masking_ablation" not in results and "## Masking ablation" not in md
+    assert "`dvc repro ablations/dvc.yaml`" in md
 
 
 def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
