@@ -39,7 +39,7 @@ class FinetuneConfig:
     log_every: int = bounded(5, 1, MAX_STEPS)
     val_batches: int = bounded(2, 0, MAX_COUNT)  # fixed held-out batches per stream (dvclive val curves); 0: none
     val_every: int = bounded(0, 0, MAX_STEPS)  # held-out loss every N steps; 0: only at the end
-    checkpoint_every: int = bounded(20, 0, MAX_STEPS)  # 0: only at the end
+    checkpoint_every: int = bounded(100, 0, MAX_STEPS)  # 0: only at the end
     keep_checkpoints: int = bounded(1, 1, 1000)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = bounded(0.01, 0, 1)
