@@ -1,4 +1,4 @@
-"""README's parameter tables against params.yaml: every documented key exists and its default is the
+"""docs/parameters.md's tables against params.yaml: every documented key exists and its default is the
 value params.yaml really has (a reader copies these into `dvc exp run -S`, so a stale default misleads).
 
 Rows are `| `key` | `default` | meaning |`; rows that list several keys in one cell, or point to
@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "parameters.md"
 ROW = re.compile(r"^\|\s*`([a-z_0-9.<>]+)`\s*\|\s*`([^`]*)`\s*\|", re.M)
 
 
@@ -21,9 +22,9 @@ def _params() -> dict:
 
 
 def _documented_rows() -> list[tuple[str, str]]:
-    """(key, default) of the README rows whose key names a params.yaml section."""
+    """(key, default) of the docs/parameters.md rows whose key names a params.yaml section."""
     sections = set(_params())
-    rows = ROW.findall((ROOT / "README.md").read_text())
+    rows = ROW.findall(DOC.read_text())
     return [(key, default) for key, default in rows if key.split(".")[0] in sections]
 
 
@@ -44,14 +45,14 @@ def _lookup(params: dict, key: str):
 def _same(documented: str, actual) -> bool:
     parsed = yaml.safe_load(documented)
     if isinstance(actual, float) and isinstance(parsed, str):
-        try:  # YAML 1.1 reads "1e-4" as a string; the README writes learning rates that way
+        try:  # YAML 1.1 reads "1e-4" as a string; the tables write learning rates that way
             return float(parsed) == actual
         except ValueError:
             return False
     return parsed == actual
 
 
-def test_readme_documents_many_params_rows():
+def test_parameters_md_documents_many_params_rows():
     assert len(_documented_rows()) > 100  # the pattern still matches the tables
 
 
@@ -63,7 +64,7 @@ def test_every_documented_key_exists_in_params_yaml():
             _lookup(params, key)
         except KeyError:
             missing.append(key)
-    assert not missing, f"README documents keys params.yaml does not have: {missing}"
+    assert not missing, f"docs/parameters.md documents keys params.yaml does not have: {missing}"
 
 
 def test_documented_defaults_are_the_params_yaml_values():
@@ -72,5 +73,5 @@ def test_documented_defaults_are_the_params_yaml_values():
     for key, default in _single_key_rows():
         actual = _lookup(params, key)
         if not _same(default, actual):
-            stale.append(f"{key}: README says {default!r}, params.yaml has {actual!r}")
-    assert not stale, "README defaults differ from params.yaml:\n" + "\n".join(stale)
+            stale.append(f"{key}: docs/parameters.md says {default!r}, params.yaml has {actual!r}")
+    assert not stale, "docs/parameters.md defaults differ from params.yaml:\n" + "\n".join(stale)
