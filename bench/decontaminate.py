@@ -10,7 +10,7 @@ Measures, in one run and on the same data, rows/s of
 
 Each runs in a fresh process (so peak RSS is its own); both must remove exactly the same images
 for the same reasons, and the vectorized keys must equal ``canonical_url`` on a sample.
-Target (DESIGN.md §12): ours <= 60 s for 5M rows on 2 cores and >= 5x the baseline.
+Target (docs/design.md §14): ours <= 60 s for 5M rows on 2 cores and >= 5x the baseline.
 
     .venv/bin/python bench/decontaminate.py [--rows 5000000] [--eval-images 200000]
 """

@@ -15,7 +15,7 @@ iterations). Measured side by side in one run, same thread count, best of ``--re
 - POT batch:  ``ot.solve_batch(method="sinkhorn")`` on the padded batch (zero-mass padding).
 
 Also prints each method's OT distance gap to the exact optimum (``ot.emd2``), mean and worst over
-the batch. DESIGN.md section 12 asks for batched >= 10x the loop and within 1% of exact OT.
+the batch. docs/design.md §14 asks for batched >= 10x the loop and within 1% of exact OT.
 """
 
 from __future__ import annotations

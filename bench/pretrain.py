@@ -31,7 +31,7 @@ round each loop gets tokens/s = real input units (text tokens + regions, ``loop.
 seconds; the table shows the median over rounds and the ratio to (a). Target: (c)/(a) >= 0.85.
 
 **Synthetic world** (default with ``--device cuda``): the plain PyTorch loop vs the DeepSpeed engine
-on synthetic token-bucket batches (contracts §6 keys; ``--tasks`` cycled, one task per step; two
+on synthetic token-bucket batches (docs/design.md §10 keys; ``--tasks`` cycled, one task per step; two
 distinct batches per task, placed on the device beforehand), with the same AdamW(0.9, 0.98), weight
 decay 0.01 without biases/norms, warmup + linear decay and gradient clipping:
 
@@ -67,7 +67,7 @@ from pipeline.training.launch import process_group
 
 def synthetic_batch(task: str, *, batch: int, txt_len: int, regions: int, vocab: int, img_dim: int, classes: int,
                     g: torch.Generator) -> dict:
-    """One batch in the contracts §6 layout, lengths varying a little like token buckets."""
+    """One batch in the docs/design.md §10 layout, lengths varying a little like token buckets."""
     lt = torch.randint(max(3, txt_len - 6), txt_len + 1, (batch,), generator=g)
     li = torch.randint(max(1, regions - 10), regions + 1, (batch,), generator=g)
     Lt, Li = int(lt.max()), int(li.max())

@@ -5,14 +5,14 @@
 1. Random reads (one core, warm page cache): decoded examples/s from the image DB
    (``ImageDb[id]``: lz4 + msgpack -> numpy) vs the same arrays as one ``.npz`` per image
    (``np.load`` + every array), for mini-world shapes (D=512, C+1=31) and real shapes
-   (D=2048, C+1=1601). Target (DESIGN.md §12): >= 20k examples/s per core.
+   (D=2048, C+1=1601). Target (docs/design.md §14): >= 20k examples/s per core.
 2. Size on disk per image: image DB vs .npz (float16) vs raw float32.
 3. Padding: TokenBucketSampler vs fixed-size random batches of the same mean size (real tokens /
    padded tokens; target >= 95%), on caption-like lengths and, if present, data/db/txt's
    pretrain_indomain_train.
 4. Loader vs trainer: examples/s of the pretraining DataLoader (0 and 1 worker) vs a forward +
    backward of the ``small`` model on the same batches (target: loader >= 10x).
-Feature shards are synthetic (ReLU'd normals, peaked softmax class distributions) in the §5
+Feature shards are synthetic (ReLU'd normals, peaked softmax class distributions) in the docs/design.md §8
 format and go through the real stage code (``build_image_db``).
 """
 
@@ -42,7 +42,7 @@ def region_counts(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def write_shards(out: Path, n_images: int, dim: int, classes: int, seed: int, shard_size: int = 500) -> dict:
-    """Feature shards (docs/contracts.md §5) + meta.json; returns {image_id: arrays} for the npz copy."""
+    """Feature shards (docs/design.md §8) + meta.json; returns {image_id: arrays} for the npz copy."""
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(seed)

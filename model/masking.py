@@ -5,7 +5,7 @@ visible; an MRM batch (mrfr, mrc, mrc_kl) masks regions only and the text stays 
 single-stream models masked both at once, which can hide a word together with the region it
 refers to; ``scheme="joint"`` reproduces that for the ablation.
 
-The datasets call these per example (docs/contracts.md section 6) with their own
+The datasets call these per example (docs/design.md §10) with their own
 ``torch.Generator`` so a worker's draws are reproducible. Everything here works on CPU tensors.
 """
 

@@ -1,4 +1,4 @@
-"""UniterForPretraining: the encoder with its five pretraining objectives (docs/contracts.md section 7).
+"""UniterForPretraining: the encoder with its five pretraining objectives (docs/design.md §10).
 
 One task per mini-batch (UNITER samples one by ``mix_ratio``): ``forward(batch, task)`` runs the
 encoder once and computes only that task's loss. ITM batches also get WRA when the model was
@@ -75,7 +75,7 @@ class UniterForPretraining(nn.Module):
     def forward(
         self, batch: Mapping[str, torch.Tensor], task: str | None = None, *, return_plan: bool = False
     ) -> PretrainOutput:
-        """Loss and metrics of one pretraining ``task`` on ``batch`` (contracts section 6 keys).
+        """Loss and metrics of one pretraining ``task`` on ``batch`` (docs/design.md §10 keys).
 
         task: mlm | mrfr | mrc | mrc_kl | itm (None: ``batch["task"]``). MLM needs ``txt_labels``;
         MRM tasks need ``img_masked`` plus ``img_feat_target`` (mrfr) or ``img_soft_labels``

@@ -3,7 +3,7 @@
 The joint sequence is ``[CLS] text [SEP]`` (padded to Lt) followed by the regions (padded to Li);
 every position attends to every real position of both modalities, padding is masked out of the
 attention keys. Output positions follow the input layout: text first, then regions
-(docs/contracts.md section 6).
+(docs/design.md §10).
 """
 
 from __future__ import annotations

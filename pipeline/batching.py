@@ -1,4 +1,4 @@
-"""Token-bounded batching (DESIGN.md §8) and the collate that packs text and regions.
+"""Token-bounded batching (docs/design.md §10) and the collate that packs text and regions.
 
 :class:`TokenBucketSampler` is a batch sampler: each epoch it shuffles all examples with
 ``(seed, epoch)``, cuts the order into buckets of ``bucket_size``, orders each bucket so that neighbours have
@@ -11,7 +11,7 @@ per epoch (see ``uneven`` for what happens to the remainder). It resumes mid-epo
 
 :func:`collate_pretrain` pads text to the longest text of the batch and regions to the largest
 region count of the batch (never to a global maximum) and returns the batch keys of
-docs/contracts.md §6.
+docs/design.md §10.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _pad_regions(arrays: Sequence[np.ndarray], width: int, li: int) -> torch.Ten
 
 
 def collate_pretrain(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Pack examples of one pretraining task into the batch of docs/contracts.md §6.
+    """Pack examples of one pretraining task into the batch of docs/design.md §10.
 
     Each example: ``input_ids`` i64 [lt] ([CLS] text [SEP]), ``img_feat`` [n, D] and ``img_pos``
     [n, 7] (numpy, any float dtype), ``task``; optional ``txt_labels`` i64 [lt], ``img_masked``

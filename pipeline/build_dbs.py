@@ -1,4 +1,4 @@
-"""Stage ``build_dbs``: feature shards -> image DBs, manifests -> text DBs (DESIGN.md §4).
+"""Stage ``build_dbs``: feature shards -> image DBs, manifests -> text DBs (docs/design.md §9).
 
 Reads ``data/features/<name>/`` (every finished feature directory, detected and ``_gt``),
 ``data/clean/{coco,vg,cc,sbu}.parquet`` and ``data/manifests/<dataset>.parquet``; writes

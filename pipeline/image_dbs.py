@@ -1,4 +1,4 @@
-"""Feature shards (docs/contracts.md §5) -> one image DB (DESIGN.md §4) per feature directory.
+"""Feature shards (docs/design.md §8) -> one image DB (docs/design.md §9) per feature directory.
 
 Every shard must carry its ``.done`` marker (a half-extracted source is an error, not a smaller
 DB). Images are written in sorted id order, read one slice at a time from the memory-mapped

@@ -4,7 +4,7 @@ Real image folders hold every kind of file: CMYK JPEGs, palette PNGs with transp
 greyscale, phone photos that rely on EXIF orientation, 0-byte files left by failed downloads,
 truncated JPEGs, and the occasional header claiming billions of pixels. :func:`decode_image`
 turns all usable ones into the same thing (uint8 RGB, upright) and refuses the rest with an
-:class:`ImageRejected` whose ``reason`` is a contract reject reason (docs/contracts.md §3):
+:class:`ImageRejected` whose ``reason`` is a contract reject reason (docs/design.md §5):
 ``missing_image`` (no file) or ``unreadable_image`` (empty, truncated, undecodable, too large).
 
 Pillow's global switches (``ImageFile.LOAD_TRUNCATED_IMAGES``, ``Image.MAX_IMAGE_PIXELS``) are

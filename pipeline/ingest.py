@@ -4,7 +4,7 @@ For each dataset the reader (pipeline/sources/<dataset>.py) yields one Row or Re
 this module removes duplicate ids (the first wins), checks images (pipeline/image_io.py) and
 streams both outputs in chunks of ``params.ingest.chunk_rows``:
 
-    <paths.data>/manifests/<dataset>.parquet          (docs/contracts.md §4)
+    <paths.data>/manifests/<dataset>.parquet          (docs/design.md §6)
     <paths.data>/manifests/<dataset>.rejects.parquet  (reason, detail and the raw row)
     <paths.data>/manifests/<dataset>._run.json        (counts: rows_in = manifest_rows + rejects)
 

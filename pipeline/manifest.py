@@ -1,4 +1,4 @@
-"""Manifest and rejects parquet files: fixed column schemas (docs/contracts.md §4), streamed writes.
+"""Manifest and rejects parquet files: fixed column schemas (docs/design.md §6), streamed writes.
 
 A manifest is written in row groups of ``chunk_rows`` rows as rows arrive, so ingest memory does
 not grow with the input; the file appears at its final path only when complete (temporary file

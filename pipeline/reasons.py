@@ -1,4 +1,4 @@
-"""Reasons a row leaves the pipeline (docs/contracts.md §3), shared by stages, reports and the CLI."""
+"""Reasons a row leaves the pipeline (docs/design.md §5), shared by stages, reports and the CLI."""
 
 from __future__ import annotations
 

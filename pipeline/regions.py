@@ -1,4 +1,4 @@
-"""Stage ``extract@<image_source>``: Faster R-CNN region features, sharded (DESIGN.md §7, contracts §5).
+"""Stage ``extract@<image_source>``: Faster R-CNN region features, sharded (docs/design.md §8).
 
 ``python -m pipeline extract [ITEM]`` with ITEM an image source (coco, vg, flickr30k, cc, sbu,
 vcr, nlvr2), a given-box set (``coco_gt``, ``vcr_gt``), or nothing for every source of

@@ -2,7 +2,7 @@
 
 Per dataset, in ``<data>/reports/cleaning/``:
 
-- ``<dataset>.json``: DESIGN.md §4 exactly (the data; the CLI and tests read it)
+- ``<dataset>.json``: docs/design.md §7 exactly (the data; the CLI and tests read it)
 - ``<dataset>.md``: counts, removals and rejects by reason, sample removed images
 - ``<dataset>.html``: the same plus ``<dataset>.reasons.svg`` (bar chart rendered with matplotlib,
   so no web access is needed) and inline thumbnails of sample removed images beside the eval

@@ -1,6 +1,6 @@
 """Run records, digests, atomic writes and completion markers shared by every stage.
 
-Every output directory carries a ``_run.json`` (DESIGN.md §3): stage, params digest, input
+Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
 digests, code version, counts, wall time. Writers go through :func:`atomic_write_bytes` /
 :func:`atomic_dir` so a killed stage never leaves a half-written file at its final path.
 """

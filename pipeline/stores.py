@@ -1,6 +1,6 @@
 """LMDB image and text stores: the value codec, an atomic batched writer, and lazy readers.
 
-Values (DESIGN.md §4) are msgpack maps compressed with lz4 (block format, size-prefixed) or
+Values (docs/design.md §9) are msgpack maps compressed with lz4 (block format, size-prefixed) or
 zstd. Arrays travel as ``{"data": raw bytes, "dtype": "float16", "shape": [n, D]}`` so dtypes survive exactly and a
 reader rebuilds them with ``np.frombuffer`` (no parsing, no extra copy).
 

@@ -4,7 +4,7 @@
 #   bash scripts/install_detectron2.sh .venv/bin/python
 #
 # detectron2 is not on the package index under its own name. `pb1-detectron2==0.6` is an sdist
-# of detectron2 v0.6 without its C++ sources (DESIGN.md §11). We download that sdist with pip
+# of detectron2 v0.6 without its C++ sources (docs/design.md §15). We download that sdist with pip
 # (the pip cache makes this fast), patch the unpacked tree, and build it with torch already
 # present (--no-build-isolation) and without extension modules: the Faster R-CNN C4 models of
 # this project need none (ROIAlign and NMS come from torchvision). Patches, each checked so a

@@ -102,7 +102,7 @@ class UniterTaskModel(nn.Module):
             module.apply(lambda m: init_bert_weights(m, self.config.initializer_range))
 
     def encode(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Sequence output [R, Lt + Li, H] of the batch rows (contracts section 6 keys)."""
+        """Sequence output [R, Lt + Li, H] of the batch rows (docs/design.md §10 keys)."""
         return self.uniter(
             batch["input_ids"],
             batch["txt_mask"],

@@ -64,7 +64,7 @@ class BiAttention(nn.Module):
 class UniterForNlvr2(UniterTaskModel):
     """Binary NLVR2 classifier in one of ``NLVR2_VARIANTS``.
 
-    Batch (contracts section 6 keys) + ``targets`` i64 [B] (1 = statement true):
+    Batch (docs/design.md §10 keys) + ``targets`` i64 [B] (1 = statement true):
     - triplet: B rows; ``img_feat`` holds the left image's regions then the right image's, and
       ``img_type_ids`` i64 [B, Li] marks them 1 / ``RIGHT_IMAGE_TYPE`` (padding: any).
     - pair, pair_biattn: 2B rows, row 2i = (text_i, left image), row 2i+1 = (text_i, right image).

@@ -14,7 +14,7 @@ __all__ = ["UniterForRefExp"]
 
 
 class UniterForRefExp(UniterTaskModel):
-    """Batch: contracts section 6 keys + ``targets`` i64 [B] = index (within the Li regions) of the
+    """Batch: docs/design.md §10 keys + ``targets`` i64 [B] = index (within the Li regions) of the
     referred region. Output logits [B, Li] with padded region positions set to -inf, so the
     softmax and the argmax only ever see real regions. Loss: CE; metric ``accuracy`` (the
     evaluation turns the argmax region into a box for the IoU >= 0.5 criterion).

@@ -15,7 +15,7 @@ __all__ = ["UniterForRetrieval"]
 
 
 class UniterForRetrieval(UniterTaskModel):
-    """Batch: contracts section 6 keys; for training, rows grouped per query (the positive pair and
+    """Batch: docs/design.md §10 keys; for training, rows grouped per query (the positive pair and
     its hard negatives, equal group sizes) with ``targets`` i64 [G] = index of the positive in its
     group (UNITER's hard-negative fine-tuning: softmax over 1 + N candidates). Without ``targets``,
     logits are the scores [rows] used to rank candidates (R@1/5/10 in the evaluation).

@@ -16,7 +16,7 @@ SNLI_VE_LABELS = ("entailment", "neutral", "contradiction")  # target index = po
 
 
 class UniterForSnliVe(UniterTaskModel):
-    """Batch: contracts section 6 keys + ``targets`` i64 [B] (index into SNLI_VE_LABELS).
+    """Batch: docs/design.md §10 keys + ``targets`` i64 [B] (index into SNLI_VE_LABELS).
     Output logits [B, 3]; loss: CE; metric ``accuracy``."""
 
     def __init__(self, config: UniterConfig, *, img_dim: int):

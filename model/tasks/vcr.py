@@ -17,7 +17,7 @@ __all__ = ["UniterForVcr"]
 
 
 class UniterForVcr(UniterTaskModel):
-    """Batch: contracts section 6 keys with rows grouped per question (row i*K + k is choice k of
+    """Batch: docs/design.md §10 keys with rows grouped per question (row i*K + k is choice k of
     question i, K = rows / len(targets), 4 in VCR), ``targets`` i64 [B] = the correct choice,
     optional ``txt_type_ids`` (segments, e.g. question / answer / rationale; ``type_vocab_size``
     grows the segment table). Output logits [B, K] (or [rows] scores without targets); loss: CE

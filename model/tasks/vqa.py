@@ -16,7 +16,7 @@ __all__ = ["UniterForVqa"]
 class UniterForVqa(UniterTaskModel):
     """Multi-label answer classification with soft targets.
 
-    Batch: contracts section 6 keys, plus ``targets`` f32 [B, A] (soft scores, min(#humans/3, 1)).
+    Batch: docs/design.md §10 keys, plus ``targets`` f32 [B, A] (soft scores, min(#humans/3, 1)).
     Output logits [B, A]. Loss: binary cross-entropy with logits, summed over answers and
     averaged over questions (UNITER's mean BCE times A). Metric ``vqa_score``: mean soft score of
     the top answer (the VQA accuracy when targets are the official soft scores).

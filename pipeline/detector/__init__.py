@@ -1,4 +1,4 @@
-"""C4 Faster R-CNN region extraction with detectron2 (DESIGN.md §7).
+"""C4 Faster R-CNN region extraction with detectron2 (docs/design.md §8).
 
 - :mod:`presets`: detectron2 configs of ``butd_r101`` (bottom-up-attention) and ``mini``.
 - :mod:`modeling`: caffe-style stem, configurable res5 head, the region API of the ROI heads.
@@ -7,7 +7,7 @@
 - :mod:`build`: a ready :class:`~pipeline.detector.build.Detector` from a preset and weights.
 - :mod:`selection`: the max-confidence keep rule (conf >= 0.2, 10..100 boxes).
 - :mod:`extractor`: batched inference, detected and given-box modes.
-- :mod:`shards`: deterministic safetensors feature shards (docs/contracts.md §5).
+- :mod:`shards`: deterministic safetensors feature shards (docs/design.md §8).
 - :mod:`runner`: sharded, resumable extraction over CPU processes or GPUs.
 
 Submodules import detectron2 and torch; import them where needed, not from here.

@@ -52,7 +52,7 @@ class Regions:
 
 
 def normalized_boxes(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Pixel boxes [n, 4] -> UNITER position features [n, 7] (DESIGN.md §4)."""
+    """Pixel boxes [n, 4] -> UNITER position features [n, 7] (docs/design.md §8)."""
     b = boxes.astype(np.float32) / np.array([width, height, width, height], dtype=np.float32)
     w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
     return np.concatenate([b, w[:, None], h[:, None], (w * h)[:, None]], axis=1).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Detector presets: the detectron2 configs of the two C4 Faster R-CNN models (DESIGN.md §7).
+"""Detector presets: the detectron2 configs of the two C4 Faster R-CNN models (docs/design.md §8).
 
 ``butd_r101``: the bottom-up-attention model (Anderson et al.) as converted to detectron2:
 ResNet-101 C4, caffe-style stem max-pool (pad 0, ceil), BGR means 102.98/115.95/122.77 with unit
@@ -8,7 +8,7 @@ stride-2 halving and with dilation 2 (so the 2048-d feature is the mean of a 14x
 classes with class-specific box regression, a 400-attribute head; test scale 600 / max 1000,
 per-class NMS 0.3.
 
-``mini``: a narrow member of the same family that trains from scratch on 2 cores (DESIGN.md §7):
+``mini``: a narrow member of the same family that trains from scratch on 2 cores (docs/design.md §8):
 R50-C4 with width-per-group 16, 64 res2 channels, 32 stem channels, BatchNorm everywhere (no
 frozen layers: there are no pretrained weights offline), anchors 16..128, 300/100 RPN proposals
 (train/test), 32 sampled ROIs per image at positive fraction 0.5, 7x7 ROIAlign and a res5 head
@@ -54,7 +54,7 @@ def add_uniter_config(cfg) -> None:
     # attribute head (bottom-up-attention): class embedding + 2 linear layers
     cfg.MODEL.UNITER.ATTRIBUTE_ON = False
     cfg.MODEL.UNITER.NUM_ATTRIBUTES = 400
-    # per-class NMS of the region selection (DESIGN.md §7) and the score below which a
+    # per-class NMS of the region selection (docs/design.md §8) and the score below which a
     # (proposal, class) pair skips it (exact for confidences above; see selection.py)
     cfg.MODEL.UNITER.REGION_NMS_THRESH = 0.3
     cfg.MODEL.UNITER.NMS_SCORE_FLOOR = 0.0

@@ -1,4 +1,4 @@
-"""Which detected regions to keep: bottom-up-attention's max-confidence rule (DESIGN.md §4, §7).
+"""Which detected regions to keep: bottom-up-attention's max-confidence rule (docs/design.md §8).
 
 For every foreground class, NMS (IoU 0.3) runs over the class-specific boxes of all proposals;
 a proposal's confidence is the highest class score with which it survived. Proposals are ranked

@@ -1,4 +1,4 @@
-"""Feature shard files (docs/contracts.md §5): deterministic safetensors, one per ~1,000 images.
+"""Feature shard files (docs/design.md §8): deterministic safetensors, one per ~1,000 images.
 
 A shard holds the regions of m images concatenated: ``features`` f16 [N, D], ``boxes`` f32 [N, 4]
 (x1, y1, x2, y2 pixels), ``norm_bb`` f16 [N, 7], ``conf`` f16 [N], ``soft_labels`` f16 [N, C+1]

@@ -1,7 +1,7 @@
 """The mini world: a deterministic generator of every raw dataset in its real published format.
 
 ``run(params)`` renders scenes of coloured shapes and writes COCO, VG, Flickr30k, CC, SBU, VQA,
-VCR, NLVR2, SNLI-VE and RefCOCO+ files below ``params.mini_world.out_dir`` (docs/contracts.md §1),
+VCR, NLVR2, SNLI-VE and RefCOCO+ files below ``params.mini_world.out_dir`` (docs/design.md §3),
 plus ``planted.json`` (the overlaps and defects it planted, §2) and ``scenes.json`` (every image's
 scene graph). Same params and seed => byte-identical tree.
 """

@@ -81,7 +81,7 @@ class Scene:
         return Scene(objs, self.bg_seed, (width, height))
 
     def to_json(self, path: str) -> dict:
-        """The scenes.json entry (docs/contracts.md §1)."""
+        """The scenes.json entry (docs/design.md §4)."""
         return {
             "path": path,
             "width": self.size[0],

@@ -1,5 +1,5 @@
 """URLs as they appear in the real files: Flickr static forms, COCO urls, web image URLs, and the
-spelling variants of one URL that decontamination has to see through (DESIGN.md §6).
+spelling variants of one URL that decontamination has to see through (docs/design.md §3, §7).
 """
 
 from __future__ import annotations
@@ -146,5 +146,5 @@ def url_variant(rng: np.random.Generator, url: str, kind: str) -> str:
 
 
 def sha1_key(url: str) -> str:
-    """The downloaded-image file key of a CC/SBU URL: sha1 of its UTF-8 bytes (docs/contracts.md §1)."""
+    """The downloaded-image file key of a CC/SBU URL: sha1 of its UTF-8 bytes (docs/design.md §3)."""
     return hashlib.sha1(url.encode("utf-8")).hexdigest()

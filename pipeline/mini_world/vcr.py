@@ -9,7 +9,7 @@ from pipeline.mini_world.task_text import vcr_item
 from pipeline.mini_world.world import World, distinct_draws, insert_randomly, split_plan
 
 # Up to six different questions per image (fewer when the scene has fewer), so that val holds ~120: with
-# two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin (README).
+# two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin (docs/experiments.md).
 QUESTIONS_PER_IMAGE = 6
 IMAGES_PER_MOVIE = 5
 

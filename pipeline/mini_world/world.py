@@ -156,7 +156,7 @@ class World:
         return bool(self.eval_matches(key))
 
     def planted(self) -> dict[str, Any]:
-        """planted.json (docs/contracts.md §2): overlaps with their eval matches resolved."""
+        """planted.json (docs/design.md §4): overlaps with their eval matches resolved."""
         overlaps = []
         for o in self.overlaps:
             matches = sorted({m for t in o["targets"] for m in self.eval_matches(t)})

@@ -3,7 +3,7 @@
 A reader turns each raw row of its files into exactly one ``Row`` or one ``Reject``; the ingest
 core (pipeline/ingest.py) then removes duplicate ids, checks images and writes both parquet files.
 Checks return a :data:`Problem` ``(reason, detail)`` or None; reasons are the contract's reject
-reasons (docs/contracts.md §3).
+reasons (docs/design.md §5).
 """
 
 from __future__ import annotations

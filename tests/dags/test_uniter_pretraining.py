@@ -1,4 +1,4 @@
-"""The ``uniter_pretraining`` DAG: it imports, its tasks and mapping are wired as DESIGN.md §10
+"""The ``uniter_pretraining`` DAG: it imports, its tasks and mapping are wired as docs/design.md §2
 says, its Params refuse bad confs, and a conf becomes a run directory whose params drive a real
 stage. The scheduler-driven run is in test_airflow_scheduler.py."""
 

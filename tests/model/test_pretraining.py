@@ -12,7 +12,7 @@ VOCAB, D, C = 120, 16, 6
 
 
 def make_batch(seed: int = 0, b: int = 4, lt: int = 9, li: int = 7) -> dict:
-    """A contracts-§6 batch with padding in both modalities and targets for every task."""
+    """A docs/design.md §10 batch with padding in both modalities and targets for every task."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, VOCAB, (b, lt), generator=gen)
     txt_mask = torch.ones(b, lt, dtype=torch.bool)

@@ -1,4 +1,4 @@
-"""A small synthetic world in the formats build_dbs reads (docs/contracts.md §4 manifests, §5 shards).
+"""A small synthetic world in the formats build_dbs reads (docs/design.md §6 manifests, §8 shards).
 
 Used by the store, build_dbs and pretraining-data tests while the real stages run elsewhere.
 Everything is derived from a seed, so two calls write identical files.

@@ -1,4 +1,4 @@
-"""Pretraining datasets over DBs built from a synthetic world: batch shapes per docs/contracts.md §6,
+"""Pretraining datasets over DBs built from a synthetic world: batch shapes per docs/design.md §10,
 conditional/joint masking invariants, ITM negatives, determinism, and DataLoader workers."""
 
 from __future__ import annotations

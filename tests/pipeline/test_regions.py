@@ -1,4 +1,4 @@
-"""Stage ``extract``: which images, the shard layout of contracts §5, bad images, resume, given boxes.
+"""Stage ``extract``: which images, the shard layout of docs/design.md §8, bad images, resume, given boxes.
 
 A tiny world built here: a few rendered COCO-style scenes plus one image of each defect kind,
 manifests that list them (clean + task manifests, with duplicates across manifests), VCR

@@ -56,7 +56,7 @@ def scene_images(n: int, size: int = 64, seed: int = 0) -> tuple[list[np.ndarray
 
 
 def write_coco_world(root: Path, *, n_images: int, size: int = 64, seed: int = 0) -> dict:
-    """Write COCO train2014-style images + ``scenes.json`` (docs/contracts.md §1) below ``root``."""
+    """Write COCO train2014-style images + ``scenes.json`` (docs/design.md §4) below ``root``."""
     rng = np.random.default_rng(seed)
     scenes = {}
     for k in range(n_images):

@@ -1,4 +1,4 @@
-"""The two presets carry the settings of DESIGN.md §7 and build real detectron2 models."""
+"""The two presets carry the settings of docs/design.md §8 and build real detectron2 models."""
 
 from __future__ import annotations
 

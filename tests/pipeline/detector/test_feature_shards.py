@@ -1,4 +1,4 @@
-"""Shard files: the contracts §5 layout, byte-deterministic, readable by the safetensors library."""
+"""Shard files: the docs/design.md §8 layout, byte-deterministic, readable by the safetensors library."""
 
 from __future__ import annotations
 
