@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -109,15 +110,21 @@ def ran_stages(log: str) -> set[str]:
 
 
 ABLATIONS = "ablations/dvc.yaml"  # the pipeline `dvc repro` (the demo) leaves out
+ABLATION_STAGES = {f"{ABLATIONS}:pretrain_masking", f"{ABLATIONS}:ablations"}
 
 
 def stage_outputs(repo: Path, pipeline: str | None = None) -> dict[str, list[str]]:
-    """{stage: [output paths]} as DVC resolves every dvc.yaml in ``repo`` (``pipeline``: only that
-    file's stages, e.g. "dvc.yaml" or ABLATIONS)."""
+    """{stage address: [output paths]} as DVC resolves every dvc.yaml in ``repo`` (``pipeline``: only
+    that file's stages, e.g. "dvc.yaml" or ABLATIONS). The address is what `dvc repro` logs: the
+    name for dvc.yaml's stages, "ablations/dvc.yaml:<name>" for the others."""
     from dvc.repo import Repo
 
+    def address(stage) -> str:
+        dvcfile = Path(stage.path).relative_to(repo)
+        return stage.name if dvcfile == Path("dvc.yaml") else f"{dvcfile}:{stage.name}"
+
     with Repo(str(repo)) as r:
-        return {s.name: [o.def_path for o in s.outs] for s in r.index.stages
+        return {address(s): [o.def_path for o in s.outs] for s in r.index.stages
                 if pipeline is None or Path(s.path) == repo / pipeline}
 
 
@@ -220,7 +227,7 @@ def test_fresh_repro_runs_every_stage_and_writes_every_output(tiny_runs):
     outputs = stage_outputs(repo)
     assert ran_stages(log) == set(stage_outputs(repo, "dvc.yaml")), "a fresh repro must run every stage"
     # the ablations pipeline reuses the default graph's stages and runs only its own
-    assert ran_stages(ablations_log) == set(stage_outputs(repo, ABLATIONS)) == {"pretrain_masking", "ablations"}
+    assert ran_stages(ablations_log) == set(stage_outputs(repo, ABLATIONS)) == ABLATION_STAGES
     for stage, outs in outputs.items():
         for out in outs:
             assert (repo / out).exists(), f"{stage} did not write {out}"
@@ -312,7 +319,7 @@ def test_the_masking_ablation_is_one_command_after_the_demo(default_run):
     log = dvc(["repro", ABLATIONS], repo, timeout=3600)
     print(f"dvc repro {ABLATIONS} after the demo: {(time.time() - start) / 60:.1f} min")
     (repo / "repro_ablations.log").write_text(log)
-    assert ran_stages(log) == {"pretrain_masking", "ablations"}
+    assert ran_stages(log) == ABLATION_STAGES
     ablation = json.loads((repo / "data/reports/ablations.json").read_text())["masking"]
     assert ablation["maskings"] == ["conditional", "joint"]
     assert all(set(v) == {"conditional", "joint"} for v in ablation["metrics"].values())
@@ -324,8 +331,11 @@ def test_every_task_beats_chance_and_the_non_pretrained_start(default_run):
     results = json.loads((default_run[0] / "data/reports/results.json").read_text())
     # a reference level (RefCOCO+'s class oracle) goes into the message: it shows whether a start had room to gain
     refs = {(r["task"], r["metric"]): f", {r['reference']} {r['value']}" for r in results.get("references", [])}
+    # a row at its ceiling (the non-pretrained start within CEILING_HEADROOM of the class oracle, or
+    # of 100) has no room for a gain: there only chance + 5 is asked (results.md marks the row)
     short = [f"{r['task']} {r['metric']}: {r['pretrained']} vs scratch {r['scratch']}, chance {r['chance']}"
-             f"{refs.get((r['task'], r['metric']), '')}"
+             f"{refs.get((r['task'], r['metric']), '')}{' (at ceiling)' if r['at_ceiling'] else ''}"
              for r in results["rows"]
-             if r["pretrained"] < max(r["chance"] + CHANCE_MARGIN, r["scratch"] + SCRATCH_MARGIN)]
+             if r["pretrained"] < max(r["chance"] + CHANCE_MARGIN,
+                                      -math.inf if r["at_ceiling"] else r["scratch"] + SCRATCH_MARGIN)]
     assert not short, "below the margins:\n" + "\n".join(short)

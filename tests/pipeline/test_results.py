@@ -106,6 +106,12 @@ def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
     assert "## Reference levels" in md
     assert "| refcoco_plus | `val/det_accuracy` | class oracle | 96.43 | 92.86 | 96.43 |" in md
     assert results["meta_sum"]["terms"] == 2  # a reference is not a scored row
+    # the scratch start sits at the oracle: no room for a gain, and the row says so
+    ceiling_row, vqa_row = {r["task"]: r for r in results["rows"]}["refcoco_plus"], results["rows"][0]
+    assert ceiling_row["ceiling"] == 96.4286 and ceiling_row["at_ceiling"] is True
+    assert "| refcoco_plus | RefCOCO+ val (`val/det_accuracy`) (at ceiling) |" in md and "*At ceiling*" in md
+    # without a reference the ceiling is 100: VQA's scratch 60.25 has room
+    assert vqa_row["ceiling"] == 100.0 and vqa_row["at_ceiling"] is False
     code, out = _report(["--dir", str(data)])
     assert code == 0 and "refcoco_plus val/det_accuracy: class oracle 96.43" in " ".join(out.split())
     write_metrics(data, {**refcoco, "references": {}})
