@@ -3,7 +3,7 @@
 Reads ``<data>/manifests/<dataset>.parquet`` (+ ``.rejects.parquet``) of every dataset, builds the
 eval set (:mod:`pipeline.eval_set`) and removes, per image, every pretraining image that is an eval
 image by any identity key or, optionally, by perceptual hash (:mod:`pipeline.phash`). Writes
-(docs/contracts.md §3-§4, DESIGN.md §4):
+(docs/design.md §5–§7):
 
 - ``<data>/clean/<dataset>.parquet``: the kept rows, ``split`` in train|val, sorted by example_id
 - ``<data>/clean/_run.json``
@@ -200,14 +200,14 @@ def decontaminate_dataset(
     """Remove the eval images from one pretraining manifest; build its report.
 
     Args:
-        manifest: the dataset's manifest (docs/contracts.md §4), any row order.
+        manifest: the dataset's manifest (docs/design.md §6), any row order.
         rejects: its ingest rejects (``reason`` column), counted in the report.
         finder: pHash search, or None to skip near duplicates.
         val_coco_ids: COCO ids of pretraining-val COCO images; VG rows of these images become val.
         workers: threads for the key matching and the counting.
 
     Returns:
-        clean table (kept rows, split train|val, sorted by example_id), report dict (DESIGN.md §4),
+        clean table (kept rows, split train|val, sorted by example_id), report dict (docs/design.md §7),
         samples (removed images with paths, for thumbnails).
     """
     rows = string_columns(manifest, IMAGE_COLUMNS)

@@ -1,8 +1,8 @@
 """Stage ``train_detector``: fit the narrow C4 detector (preset ``mini``) to the mini world's boxes.
 
-Reads ``<mini_world.out_dir>/scenes.json`` (docs/contracts.md §1: every rendered image with its
+Reads ``<mini_world.out_dir>/scenes.json`` (docs/design.md §4: every rendered image with its
 objects' boxes and categories). Trains on the COCO train2014 images, except ``holdout_images`` of
-them (a seeded draw) kept for evaluation. The recipe (DESIGN.md §7): from scratch, AdamW, linear
+them (a seeded draw) kept for evaluation. The recipe (docs/design.md §8): from scratch, AdamW, linear
 warm-up then cosine decay, horizontal flips (every shape of the mini world is left-right
 symmetric). The schedule runs over ``max_iters`` iterations; with ``max_minutes > 0`` it also
 runs against the clock (progress = the larger of the two fractions) and stops when time is up, so

@@ -1,7 +1,7 @@
 """The evaluation set: every image of a downstream evaluation split, and its identity keys.
 
 An eval image is named by refs ``"<dataset>/<split>/<image_id>"`` (one per dataset split that uses
-it; docs/contracts.md §2). :class:`EvalIndex` maps four kinds of identity key to those refs:
+it; docs/design.md §4). :class:`EvalIndex` maps four kinds of identity key to those refs:
 
 - ``image``: ``(image_source, image_id)``, written ``source\\x1fid``
 - ``coco_id``: the COCO id of every eval image whose source is COCO (matched by VG ``coco_id``)

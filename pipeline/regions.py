@@ -50,7 +50,7 @@ def _read(path: Path, wanted: list[str]) -> pa.Table:
     names = set(pq.read_schema(path).names)
     missing = [c for c in ("image_source", "image_id", "image_path") if c not in names]
     if missing:
-        raise ValueError(f"{path}: manifest lacks column(s) {missing} (docs/contracts.md §4)")
+        raise ValueError(f"{path}: manifest lacks column(s) {missing} (docs/design.md §6)")
     return pq.read_table(path, columns=[c for c in wanted if c in names])
 
 

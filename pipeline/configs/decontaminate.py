@@ -7,7 +7,7 @@ from typing import Mapping
 
 from pipeline.configs import MAX_COUNT, bounded, checked, subset_problem
 
-# UNITER's rules (DESIGN.md §6): Karpathy val is *not* excluded: it becomes the pretraining val set.
+# UNITER's rules (docs/design.md §7): Karpathy val is *not* excluded: it becomes the pretraining val set.
 DEFAULT_EVAL_SPLITS: dict[str, tuple[str, ...]] = {
     "coco": ("test",),
     "refcoco": ("val", "testA", "testB", "test"),

@@ -13,7 +13,7 @@ IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
 
 @dataclass(frozen=True)
 class DetectorTrainConfig:
-    """Fitting the narrow C4 detector to the mini world's boxes (DESIGN.md §7)."""
+    """Fitting the narrow C4 detector to the mini world's boxes (docs/design.md §8)."""
 
     max_minutes: float = bounded(0.0, 0, 7 * 24 * 60)  # wall-clock cap (0: none, iterations only)
     max_iters: int = bounded(900, 1, MAX_STEPS)

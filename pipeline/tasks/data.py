@@ -5,7 +5,7 @@ RefCOCO+ give one, NLVR2-pair two (one per image), VCR four (one per choice), re
 candidate. A dataset item is ``{"id": example id, "rows": [row, ...], "target": ...}`` where a
 row holds ``input_ids`` i64 [lt] (``[CLS] ... [SEP]``), ``img_feat`` [n, D] and ``img_pos`` [n, 7]
 (numpy, as stored) and optionally ``img_type_ids`` i64 [n]. :func:`collate_rows` flattens the rows
-of a batch, in item order, into the batch of docs/contracts.md §6 (through
+of a batch, in item order, into the batch of docs/design.md §10 (through
 ``pipeline.batching.collate_pretrain``) and the task adds its targets.
 
 Token budgets: an item's ``txt_lens``/``img_lens`` entries are its longest row's text length and
@@ -72,7 +72,7 @@ def row(input_ids: torch.Tensor, regions: dict[str, np.ndarray], **extra: Any) -
 
 
 def collate_rows(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Items -> batch: contracts §6 keys over every row (item order, then row order), ``ids`` (list of
+    """Items -> batch: docs/design.md §10 keys over every row (item order, then row order), ``ids`` (list of
     example ids), ``rows_per_item`` (list of int) and, when rows carry them, ``img_type_ids`` i64 [R, Li]
     (padding takes the first real type of the row)."""
     rows = [r for it in items for r in it["rows"]]

@@ -6,8 +6,8 @@
   runs give byte-identical outputs (content digests; `_run.json` files, which hold wall times,
   excluded), and `dvc exp run -S
   finetune.per_task.snli_ve.steps=12` reruns exactly the stages downstream of that key.
-- One `dvc repro` with the default params.yaml (the README's demo): every output exists; its wall
-  time is printed (README: "Orchestration"); `dvc repro ablations/dvc.yaml` after it writes the
+- One `dvc repro` with the default params.yaml (`make demo`): every output exists; its wall
+  time is printed (docs/experiments.md); `dvc repro ablations/dvc.yaml` after it writes the
   masking ablation; and the margins
   issues 7 and 9 ask for (MLM uses the image, ITM beats the majority rate, every task beats chance
   and the non-pretrained start).
@@ -261,7 +261,7 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
 
 
 # ---------------------------------------------------------------------------------------------
-# the default world: the README's demo
+# the default world: `make demo`
 
 
 @pytest.fixture(scope="module")
