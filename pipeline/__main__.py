@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from model.weights_file import UnsafeCheckpointError
-    from pipeline.locking import BUSY_EXIT, PRETRAIN_OUTPUTS, LockBusy, stage_locks, wait_from_env
+    from pipeline.configs.pretrain import PRETRAIN_OUTPUTS
+    from pipeline.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
     from pipeline.ownership import ForeignDirectoryError
     from pipeline.sources.records import SourceFormatError
     from pipeline.stores import DiskFullError

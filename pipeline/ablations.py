@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params
+from pipeline.configs.pretrain import output_name
 from pipeline.results import PRETRAIN_METRICS, _fmt
 from pipeline.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
 
@@ -69,8 +70,8 @@ def render_markdown(ablation: dict[str, Any]) -> str:
 def run(params: Params) -> dict[str, Any]:
     """Write ``data/reports/ablations.{json,md}``; returns ``{"masking": ...}``."""
     data, name = Path(params.paths.data), params.pretrain.out_name
-    main = data / "models" / name / "eval.json"
-    twin = data / "models" / f"{name}_masking_ablation" / "eval.json"
+    main = data / "models" / output_name("pretrain", name) / "eval.json"
+    twin = data / "models" / output_name("pretrain_masking", name) / "eval.json"
     results = {"masking": masking_ablation(main, twin)}
     out = data / "reports"
     atomic_write_json(out / ABLATIONS_JSON, results)

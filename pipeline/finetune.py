@@ -1,7 +1,7 @@
 """Stage ``finetune@<task>``: fine-tune the pretrained model on one downstream task and evaluate it.
 
-For each task of ``finetune.tasks`` (or the one named), starting from ``data/models/pretrain``
-(VCR: ``data/models/pretrain_vcr``, the second stage), the task's model is trained with the
+For each task of ``finetune.tasks`` (or the one named), starting from ``data/models/<out_name>``
+(VCR: ``data/models/<out_name>_vcr``, the second stage; ``<out_name>`` = ``pretrain.out_name``), the task's model is trained with the
 pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
 ``data/checkpoints/finetune/<task>/``) and evaluated. With ``finetune.compare_scratch`` the same
 model is also trained from a non-pretrained start (``finetune.scratch_init``: BERT text weights
@@ -32,6 +32,7 @@ import torch
 
 from model.config import UniterConfig
 from pipeline.config import Params, to_dict
+from pipeline.configs.pretrain import output_name
 from pipeline.ownership import claim_dir, preflight, remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.tasks import task_class
@@ -129,7 +130,7 @@ def open_task(params: Params, name: str) -> TaskSetup:
     cfg, data = params.finetune, Path(params.paths.data)
     task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=params.seed))
     task.open()
-    init_dir = data / "models" / task.init_stage
+    init_dir = data / "models" / output_name(task.init_stage, params.pretrain.out_name)
     meta, state = read_exported(init_dir)
     img_dim = task.img_dbs.feature_dim
     if int(meta["img_dim"]) != img_dim:

@@ -52,14 +52,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from pipeline.configs.pretrain import PRETRAIN_OUTPUTS, output_name
+
 log = logging.getLogger(__name__)
 
 LOCK_DIR = Path("cache") / "locks"
 WAIT_ENV = "UNITER_LOCK_WAIT"
 BUSY_EXIT = 3
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # = training.launch.LAUNCH_ENV
-# data/models/<name> of each pretraining stage, from pretrain.out_name (as pipeline.pretrain.plan_stage names it)
-PRETRAIN_OUTPUTS = {"pretrain": "{}", "pretrain_masking": "{}_masking_ablation", "pretrain_vcr": "{}_vcr"}
 
 
 class LockBusy(RuntimeError):
@@ -92,7 +92,7 @@ def stage_keys(stage: str, item: str | None = None, out_name: str | None = None)
     if stage in PRETRAIN_OUTPUTS:
         if not out_name:
             raise ValueError(f"{stage}: the lock key needs pretrain.out_name, got {out_name!r}")
-        return [(f"pretrain@{PRETRAIN_OUTPUTS[stage].format(out_name)}", False)]
+        return [(f"pretrain@{output_name(stage, out_name)}", False)]
     if item is None:
         return [(stage, False)]
     return [(stage, True), (f"{stage}@{item}", False)]

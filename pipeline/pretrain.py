@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from pipeline.config import Params, dump_params, to_dict
+from pipeline.configs.pretrain import output_name
 from pipeline.ownership import preflight, remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
 from pipeline.training.checkpointing import db_fingerprint
@@ -76,9 +77,9 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
     txt = data / "db" / "txt"
     masking = cfg.masking
     if stage in ("pretrain", "pretrain_masking"):
-        name = cfg.out_name
+        name = output_name(stage, cfg.out_name)
         if stage == "pretrain_masking":
-            name, masking = f"{cfg.out_name}_masking_ablation", OTHER_MASKING[cfg.masking]
+            masking = OTHER_MASKING[cfg.masking]
         domains = DOMAINS[cfg.datasets]
         train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
         val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
@@ -87,7 +88,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
         eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
     elif stage == "pretrain_vcr":
-        name = f"{cfg.out_name}_vcr"
+        name = output_name(stage, cfg.out_name)
         view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("pretrain_vcr", "plain")}
         bad = [v for v in cfg.vcr.views if v not in view_dbs]
         if bad or not cfg.vcr.views:
@@ -96,7 +97,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         val = tuple(TextSource(txt / f"{view_dbs[v][0]}_val", view_dbs[v][1]) for v in cfg.vcr.views)
         mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
         first_mix, first_steps = {}, 0
-        init = data / "models" / cfg.out_name
+        init = data / "models" / output_name("pretrain", cfg.out_name)
         eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
     else:
         raise ValueError(f"unknown pretraining stage {stage!r}")

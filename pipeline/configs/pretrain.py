@@ -16,6 +16,16 @@ VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage: VCR 
 VCR_VIEWS = ("qa", "qar")
 
 
+# What each pretraining stage calls its outputs (data/models/<name>, data/metrics/<name>), from
+# pretrain.out_name; fine-tuning reads the first two.
+PRETRAIN_OUTPUTS = {"pretrain": "{}", "pretrain_vcr": "{}_vcr", "pretrain_masking": "{}_masking_ablation"}
+
+
+def output_name(stage: str, out_name: str) -> str:
+    """``output_name("pretrain_vcr", "pretrain")`` -> ``"pretrain_vcr"``: a pretraining stage's output name."""
+    return PRETRAIN_OUTPUTS[stage].format(out_name)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)

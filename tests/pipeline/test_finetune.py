@@ -247,6 +247,21 @@ def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
         run(ft_params(tmp_path / "nothing", budget("nlvr2")), "nlvr2")
 
 
+def test_the_start_follows_pretrain_out_name(data, tmp_path):
+    """pretrain.out_name names the pretraining outputs; fine-tuning reads the ones it names (an
+    experiment with its own out_name must not silently fine-tune the default model)."""
+    from pipeline.finetune import run
+
+    other = tmp_path / "data"
+    shutil.copytree(data / "db", other / "db")
+    with pytest.raises(FileNotFoundError, match="exp1/model_config.json not found"):
+        run(ft_params(other, budget("snli_ve", steps=1), "pretrain.out_name=exp1"), "snli_ve")
+    shutil.copytree(data / "models" / "pretrain", other / "models" / "exp1")
+    record = run(ft_params(other, budget("snli_ve", steps=1), "pretrain.out_name=exp1"), "snli_ve")["snli_ve"]
+    config = json.loads((other / "models" / "snli_ve" / "model_config.json").read_text())
+    assert config["init"] == str(other / "models" / "exp1") and record["steps"] == 1
+
+
 def test_results_stage_reads_what_finetune_wrote(data, finished):
     from pipeline.results import run
 

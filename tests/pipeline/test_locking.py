@@ -164,9 +164,9 @@ def test_lock_keys_follow_the_names_pretraining_writes():
     each pretraining stage and the launcher's environment."""
     from pipeline.locking import PRETRAIN_OUTPUTS
     from pipeline.pretrain import plan_stage
-    from pipeline.training.launch import _LAUNCH_ENV
+    from pipeline.training.launch import LAUNCH_ENV
 
-    assert tuple(LAUNCHER_ENV) == tuple(_LAUNCH_ENV)
+    assert tuple(LAUNCHER_ENV) == tuple(LAUNCH_ENV)
     params = params_for(Path("/nonexistent"), "pretrain.out_name=big")
     for stage in PRETRAIN_OUTPUTS:
         assert stage_keys(stage, None, "big") == [(f"pretrain@{plan_stage(params, stage).name}", False)]
