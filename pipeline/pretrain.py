@@ -290,9 +290,10 @@ def train_rank(params: Params, plan: StagePlan) -> None:
                 started, region_fit)
 
 
-def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], img_dbs):
+def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs):
     from pipeline.training.model_io import build_model, model_from_export, spec_from_params
 
+    txt_meta = train_dbs[0].meta
     vocab = int(txt_meta["vocab_size"]) + int(txt_meta.get("obj_tags", {}).get("extra_vocab", 0))
     if plan.init_from is not None:
         model, spec = model_from_export(plan.init_from, vocab_size=vocab, img_dim=img_dbs.feature_dim,
@@ -306,10 +307,11 @@ def _build_model(params: Params, plan: StagePlan, txt_meta: Mapping[str, Any], i
                         seed=params.seed)
     region_fit = None
     if params.model.region_init == "class_names":
-        from pipeline.training.region_init import init_region_projection
+        from pipeline.training.region_init import init_region_projection, training_image_keys
 
-        region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, max_images=params.model.region_init_images,
-                                            seed=params.seed)
+        # fitted on this stage's training images only: never an eval image, even one in the same DB
+        region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, image_keys=training_image_keys(train_dbs),
+                                            max_images=params.model.region_init_images, seed=params.seed)
     return model, spec, region_fit
 
 

@@ -46,8 +46,11 @@ class RunPlan:
     scratch_init: Literal["bert", "random"]
     bert_checkpoint: Path | None
     fingerprint: Mapping[str, Any]
-    # scratch start: images sampled to fit the region projection to the class names (0: random start)
+    # scratch start: images sampled to fit the region projection to the class names (0: random start),
+    # from the training images of these pretraining text DBs (the fit the pretraining stage made)
     region_init_images: int = 0
+    region_sources: tuple[Any, ...] = ()  # pipeline.training.data.TextSource of the first pretraining stage
+    img_root: Path | None = None
 
 
 @dataclass
@@ -80,9 +83,12 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
             report = load_bert_weights(model, plan.bert_checkpoint)
             log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
         if plan.region_init_images:  # the same start of the region projection as pretraining had
-            from pipeline.training.region_init import init_region_projection
+            from pipeline.training.data import open_sources
+            from pipeline.training.region_init import init_region_projection, training_image_keys
 
-            init_region_projection(model.uniter, task.img_dbs, task.db(task.text_dbs()[0]).meta,
+            assert plan.img_root is not None and plan.region_sources, "region_init_images needs the pretraining DBs"
+            txt_dbs, img_dbs = open_sources(plan.region_sources, plan.img_root)
+            init_region_projection(model.uniter, img_dbs, txt_dbs[0].meta, image_keys=training_image_keys(txt_dbs),
                                    max_images=plan.region_init_images, seed=seed)
     return model
 

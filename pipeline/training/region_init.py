@@ -30,10 +30,21 @@ def shared_class_names(img_dbs) -> list[str]:
     return list(names.pop())
 
 
-def sample_regions(img_dbs, *, max_images: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def training_image_keys(txt_dbs) -> list[str]:
+    """Sorted ``<image db>/<image id>`` of every image the examples of ``txt_dbs`` show (their
+    txt2img): the pretraining training images, when given the pretraining train text DBs."""
+    return sorted({key for db in txt_dbs for keys in db.txt2img.values() for key in keys})
+
+
+def sample_regions(img_dbs, *, image_keys: list[str], max_images: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Features [N, D] and soft labels [N, C] of every region of up to ``max_images`` images, drawn
-    without replacement from all DBs of the group by ``seed``."""
-    keys = [f"{name}/{image_id}" for name, db in sorted(img_dbs.dbs.items()) for image_id in sorted(db.nbb)]
+    without replacement by ``seed`` from ``image_keys`` (``<image db>/<image id>``, sorted).
+
+    Only the images given are read: pretraining passes its training images, so no eval image
+    (whose DB may be the same, e.g. COCO) shapes the start of any model."""
+    keys = list(image_keys)
+    if not keys:
+        raise ValueError(f"region projection fit: no images to sample from (image DBs under {img_dbs.root})")
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(keys), size=min(max_images, len(keys)), replace=False).tolist())
     feats, labels = [], []
@@ -44,15 +55,15 @@ def sample_regions(img_dbs, *, max_images: int, seed: int) -> tuple[torch.Tensor
     return torch.from_numpy(np.concatenate(feats)), torch.from_numpy(np.concatenate(labels))
 
 
-def init_region_projection(uniter: torch.nn.Module, img_dbs, txt_meta: Mapping[str, Any], *, max_images: int,
-                           seed: int) -> dict[str, Any]:
+def init_region_projection(uniter: torch.nn.Module, img_dbs, txt_meta: Mapping[str, Any], *, image_keys: list[str],
+                           max_images: int, seed: int) -> dict[str, Any]:
     """Set ``uniter.img_embeddings.feat_proj`` from the class names; returns what was fitted (for logs/records)."""
     from pipeline.tokenization import WordPieceTokenizer
 
     names = shared_class_names(img_dbs)
     tokenizer = WordPieceTokenizer(txt_meta.get("tokenizer"))
     name_ids = [[] if n == BACKGROUND else tokenizer.encode(n) for n in names]
-    features, soft = sample_regions(img_dbs, max_images=max_images, seed=seed)
+    features, soft = sample_regions(img_dbs, image_keys=image_keys, max_images=max_images, seed=seed)
     if soft.shape[1] != len(names):
         raise ValueError(f"image DBs under {img_dbs.root}: soft labels have {soft.shape[1]} classes, "
                          f"meta.json names {len(names)}")

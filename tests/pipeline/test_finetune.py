@@ -207,10 +207,12 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     from pipeline.tasks import task_class
     from pipeline.tasks.base import TaskContext
     from pipeline.tasks.runner import RunPlan, build_model
+    from pipeline.pretrain import _build_model, plan_stage
+    from pipeline.training.data import open_sources
     from pipeline.training.model_io import read_exported
-    from pipeline.training.region_init import init_region_projection
 
     params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")
+    pretraining = plan_stage(params, "pretrain")
     cfg = params.finetune
     task = task_class("snli_ve")(TaskContext(name="snli_ve", data=data, cfg=cfg, task_cfg=cfg.per_task["snli_ve"],
                                              seed=params.seed))
@@ -218,13 +220,17 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     meta, _ = read_exported(data / "models" / "pretrain")
     plans = {n: RunPlan(init="scratch", work_dir=data / "unused", config=encoder_config(meta, 0.0),
                         img_dim=task.img_dbs.feature_dim, init_state=None, scratch_init="random", bert_checkpoint=None,
-                        fingerprint={}, region_init_images=n) for n in (0, 5)}
+                        fingerprint={}, region_init_images=n, region_sources=pretraining.train_sources,
+                        img_root=pretraining.img_root) for n in (0, 5)}
     plain, fitted = (build_model(task, plans[n], seed=params.seed) for n in (0, 5))
-    reference = build_model(task, plans[0], seed=params.seed)
-    init_region_projection(reference.uniter, task.img_dbs, task.db(task.text_dbs()[0]).meta, max_images=5,
-                           seed=params.seed)
-    proj = "uniter.img_embeddings.feat_proj.weight"
-    assert torch.equal(fitted.state_dict()[proj], reference.state_dict()[proj])
+    # what the pretraining stage itself starts from: fitted on its training images only
+    train_dbs, img_dbs = open_sources(pretraining.train_sources, pretraining.img_root)
+    reference, _, region_fit = _build_model(params, pretraining, train_dbs, img_dbs)
+    assert region_fit is not None
+    proj = "uniter.img_embeddings.feat_proj"
+    for part in ("weight", "bias"):
+        assert torch.equal(fitted.state_dict()[f"{proj}.{part}"], reference.state_dict()[f"uniter.img_embeddings.feat_proj.{part}"])
+    proj = f"{proj}.weight"
     assert not torch.equal(fitted.state_dict()[proj], plain.state_dict()[proj])
     # everything else is the same seeded start
     for name, value in plain.state_dict().items():

@@ -25,20 +25,26 @@ def data(tmp_path_factory) -> Path:
 
 def _group(data: Path):
     from pipeline.stores import ImageDbGroup, TextDb
+    from pipeline.training.region_init import training_image_keys
 
     txt = TextDb(data / "db/txt/pretrain_indomain_train")
-    return ImageDbGroup(data / "db/img", txt.img_db_names), txt.meta
+    return ImageDbGroup(data / "db/img", txt.img_db_names), txt.meta, training_image_keys([txt])
 
 
-def test_sample_reads_every_region_of_the_drawn_images(data):
+def test_sample_reads_every_region_of_the_drawn_training_images_only(data):
+    from pipeline.stores import TextDb
     from pipeline.training.region_init import sample_regions
 
-    group, _ = _group(data)
-    total = sum(sum(db.nbb.values()) for db in group.dbs.values())
-    feats, soft = sample_regions(group, max_images=10_000, seed=0)
+    group, _, keys = _group(data)
+    # the image DBs hold more than the pretraining training images (eval and val images too)
+    every = {f"{name}/{i}" for name, db in group.dbs.items() for i in db.nbb}
+    val = {k for ks in TextDb(data / "db/txt/pretrain_indomain_val").txt2img.values() for k in ks}
+    assert set(keys) < every and val and not val & set(keys)
+    total = sum(group.num_regions(k) for k in keys)
+    feats, soft = sample_regions(group, image_keys=keys, max_images=10_000, seed=0)
     assert feats.shape == (total, group.feature_dim) and soft.shape == (total, group.num_classes)
-    few, _ = sample_regions(group, max_images=3, seed=0)
-    again, _ = sample_regions(group, max_images=3, seed=0)
+    few, _ = sample_regions(group, image_keys=keys, max_images=3, seed=0)
+    again, _ = sample_regions(group, image_keys=keys, max_images=3, seed=0)
     assert torch.equal(few, again) and 0 < few.shape[0] < total
 
 
@@ -48,11 +54,11 @@ def test_fit_is_written_into_the_region_projection(data):
     from pipeline.tokenization import WordPieceTokenizer
     from pipeline.training.region_init import init_region_projection, sample_regions, shared_class_names
 
-    group, meta = _group(data)
+    group, meta, keys = _group(data)
     config = UniterConfig.from_preset("tiny", vocab_size=int(meta["vocab_size"]))
     model = UniterModel(config, img_dim=group.feature_dim)
-    report = init_region_projection(model, group, meta, max_images=6, seed=3)
-    feats, soft = sample_regions(group, max_images=6, seed=3)
+    report = init_region_projection(model, group, meta, image_keys=keys, max_images=6, seed=3)
+    feats, soft = sample_regions(group, image_keys=keys, max_images=6, seed=3)
     tok = WordPieceTokenizer(meta["tokenizer"])
     names = class_name_embeddings(model.embeddings.word_embeddings.weight.detach(),
                                   [tok.encode(n) for n in shared_class_names(group)])
