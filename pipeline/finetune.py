@@ -147,10 +147,12 @@ def open_task(params: Params, name: str) -> TaskSetup:
 
 def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
     """What one start of the task trains from, where it keeps its checkpoints, and its fingerprint."""
-    from pipeline.pretrain import plan_stage
+    from pipeline.training.data import first_stage_sources
 
     cfg, name = params.finetune, setup.task.name
-    pretraining = plan_stage(params, "pretrain")  # the scratch start fits its region projection as this stage did
+    txt_root = Path(params.paths.data) / "db" / "txt"
+    # the scratch start fits its region projection on the first pretraining stage's training images
+    region_sources = first_stage_sources(txt_root, params.pretrain.datasets, "train")
     start = {"init_model": init_digest(setup.init_dir)} if init == "pretrained" else \
         {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
          "region_init": params.model.region_init, "region_init_images": params.model.region_init_images}
@@ -159,7 +161,7 @@ def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
                    scratch_init=cfg.scratch_init, bert_checkpoint=params.model.bert_checkpoint,
                    region_init_images=params.model.region_init_images if params.model.region_init == "class_names"
                    else 0,
-                   region_sources=pretraining.train_sources, img_root=pretraining.img_root,
+                   region_sources=region_sources, img_root=Path(params.paths.data) / "db" / "img",
                    fingerprint={"task": name, "init": init, "params": task_digest(params, name),
                                 "inputs": setup.inputs, **start})
 

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage
 FIRST_STAGE_EVAL = ("itm", "mlm", "mrc_kl")  # always measured: the baseline and masking comparisons need them
-DOMAINS = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
 BASELINE_FILE = "baseline.json"
 OTHER_MASKING = {"conditional": "joint", "joint": "conditional"}
 
@@ -71,7 +70,7 @@ class StagePlan:
 
 
 def plan_stage(params: Params, stage: str) -> StagePlan:
-    from pipeline.training.data import TextSource
+    from pipeline.training.data import TextSource, first_stage_sources
 
     cfg, data = params.pretrain, Path(params.paths.data)
     txt = data / "db" / "txt"
@@ -80,9 +79,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         name = output_name(stage, cfg.out_name)
         if stage == "pretrain_masking":
             masking = OTHER_MASKING[cfg.masking]
-        domains = DOMAINS[cfg.datasets]
-        train = tuple(TextSource(txt / f"pretrain_{d}_train") for d in domains)
-        val = tuple(TextSource(txt / f"pretrain_{d}_val") for d in domains)
+        train, val = (first_stage_sources(txt, cfg.datasets, split) for split in ("train", "val"))
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
         first_mix, first_steps = cfg.first_phase()
         drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
@@ -250,7 +247,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
                                   zero_stage=cfg.zero_stage, grad_accum=cfg.optim.grad_accum,
                                   grad_clip=cfg.optim.grad_clip, lr=plan.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay, warmup_steps=plan.warmup_steps,
-                                  total_steps=plan.steps)
+                                  total_steps=plan.steps, extra=cfg.deepspeed)
         engine = initialize(model, settings)
         ckpt = Checkpointer(plan.ckpt_dir, stage=plan.stage, keep=cfg.keep_checkpoints, dist=dist,
                             fingerprint=_fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs)))

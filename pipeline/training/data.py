@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 # separates the held-out RNG streams from the training ones (the same batches in every run)
 VAL_SEED_OFFSET = 7_777
+# pretrain.datasets -> the text DB domains of the first pretraining stage
+DOMAINS = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,11 @@ class TextSource:
             raise FileNotFoundError(f"text DB {self.path} not found (run the build_dbs stage first)")
         db = TextDb(self.path)
         return GoldAnswerView(db) if self.view == "gold_answer" else db
+
+
+def first_stage_sources(txt_root: Path, datasets: str, split: str) -> tuple[TextSource, ...]:
+    """The first pretraining stage's text DBs of ``split`` (train | val) for ``pretrain.datasets``."""
+    return tuple(TextSource(txt_root / f"pretrain_{d}_{split}") for d in DOMAINS[datasets])
 
 
 def open_sources(sources: Sequence[TextSource], img_root: Path) -> tuple[list[Any], ImageDbGroup]:
