@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from pipeline.configs import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
     name_problem, subset_problem, weights_problem, zero_stage_problem
@@ -14,6 +14,35 @@ from pipeline.configs import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bo
 FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage: VCR has no mismatched pairs
 VCR_VIEWS = ("qa", "qar")
+
+
+# pretrain.deepspeed: DeepSpeed config sections a user may add or extend (merged over the config the
+# engine builds). Keys that params already set are refused, so one value has one home.
+DEEPSPEED_SECTIONS = ("zero_optimization", "activation_checkpointing", "flops_profiler", "comms_logger",
+                      "wall_clock_breakdown", "memory_breakdown", "steps_per_print", "tensorboard", "csv_monitor",
+                      "wandb", "comet", "aio", "checkpoint", "communication_data_type", "prescale_gradients",
+                      "gradient_predivide_factor", "data_types", "timers", "compile")
+DEEPSPEED_OWNED = {"train_batch_size": "pretrain.world_size x optim.grad_accum",
+                   "train_micro_batch_size_per_gpu": "one token bucket (pretrain.batch_tokens)",
+                   "gradient_accumulation_steps": "pretrain.optim.grad_accum",
+                   "gradient_clipping": "pretrain.optim.grad_clip", "bf16": "pretrain.precision",
+                   "fp16": "pretrain.precision", "optimizer": "pretrain.optim.*", "scheduler": "pretrain.optim.*",
+                   "zero_optimization.stage": "pretrain.zero_stage"}
+
+
+def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
+    """What is wrong with a ``pretrain.deepspeed`` mapping, or None."""
+    for key, value in extra.items():
+        if key in DEEPSPEED_OWNED:
+            return f"{key} is set by {DEEPSPEED_OWNED[key]}; set it there"
+        if key not in DEEPSPEED_SECTIONS:
+            return f"unknown DeepSpeed section {key!r}; expected one of {sorted(DEEPSPEED_SECTIONS)}"
+        if key == "zero_optimization":
+            if not isinstance(value, Mapping):
+                return f"zero_optimization must be a mapping, got {value!r}"
+            if "stage" in value:
+                return f"zero_optimization.stage is set by {DEEPSPEED_OWNED['zero_optimization.stage']}; set it there"
+    return None
 
 
 # What each pretraining stage calls its outputs (data/models/<name>, data/metrics/<name>), from
@@ -88,6 +117,9 @@ class PretrainConfig:
     zero_stage: int = 0  # 0, 1 or 2 (problems(): ZeRO-3 is not supported); >0 only pays off on several ranks
     num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
+    # merged over the DeepSpeed config the engine builds (offload, activation checkpointing, the flops
+    # profiler, ...); DeepSpeed validates the values when the engine starts
+    deepspeed: Mapping[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     vcr: VcrStageConfig = field(default_factory=VcrStageConfig)
 
@@ -106,7 +138,7 @@ class PretrainConfig:
         first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
         # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
         # empty"), even with the borrowed decoder weights registered as external parameters
-        out = checked(out_name=name_problem(self.out_name),
+        out = checked(out_name=name_problem(self.out_name), deepspeed=deepspeed_problem(self.deepspeed),
                       zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
                       mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
                       first_phase_mix=first_mix)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 import torch
 
@@ -34,6 +34,8 @@ class EngineSettings:
     weight_decay: float
     warmup_steps: int
     total_steps: int
+    # more DeepSpeed config, merged over the generated one (pretrain.deepspeed; checked at parse time)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def resolve_device(device: str, local_rank: int) -> torch.device:
@@ -64,7 +66,7 @@ def deepspeed_config(s: EngineSettings) -> dict[str, Any]:
     if s.zero_stage >= 1:
         zero.update(contiguous_gradients=True, overlap_comm=s.device.type == "cuda",
                     reduce_bucket_size=50_000_000, allgather_bucket_size=50_000_000)
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": s.grad_accum,
         "train_batch_size": s.grad_accum * s.world_size,
@@ -77,6 +79,16 @@ def deepspeed_config(s: EngineSettings) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    return merge_config(config, s.extra)
+
+
+def merge_config(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in: mappings recursively, anything else replaced."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merge_config(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) \
+            else value
+    return out
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -136,8 +148,13 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     optimizer = torch.optim.AdamW(param_groups(model, s.weight_decay), lr=s.lr, betas=tuple(s.betas),
                                   eps=1e-6, fused=on_cuda, foreach=None if on_cuda else True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(s.warmup_steps, s.total_steps))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=deepspeed_config(s), dist_init_required=False)
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                               config=deepspeed_config(s), dist_init_required=False)
+    except Exception as err:  # DeepSpeed validates its sections with pydantic
+        if s.extra and type(err).__name__ == "ValidationError":
+            raise ValueError(f"pretrain.deepspeed: DeepSpeed rejects the merged config: {err}") from None
+        raise
     if s.world_size == 1 and s.zero_stage == 0:
         # one rank: DeepSpeed's gradient all-reduce is an identity (x1 over a group of one) that still
         # flattens, reduces and copies back every gradient; loop.train() calls fill_missing_grads instead

@@ -44,3 +44,34 @@ def test_no_weight_decay_on_biases_and_norms():
     assert {tuple(p.shape) for p in decay["params"]} == {(4, 3), (5, 4)}
     assert {tuple(p.shape) for p in no_decay["params"]} == {(4,)}
     assert len(no_decay["params"]) == 3
+
+
+def test_extra_deepspeed_config_is_merged_over_the_generated_one():
+    extra = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "flops_profiler": {"enabled": True}}
+    cfg = deepspeed_config(settings(extra=extra))
+    assert cfg["zero_optimization"]["stage"] == 2 and cfg["zero_optimization"]["contiguous_gradients"] is True
+    assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert cfg["flops_profiler"] == {"enabled": True} and cfg["train_batch_size"] == 8
+
+
+def test_pretrain_deepspeed_refuses_what_params_own_and_unknown_sections(tmp_path):
+    from pipeline.config import ParamsError, load_params
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[3]
+    ok = load_params(repo / "params.yaml", ["pretrain.deepspeed={activation_checkpointing: {partition_activations: true}}"])
+    assert ok.pretrain.deepspeed["activation_checkpointing"] == {"partition_activations": True}
+    for value, message in (("{gradient_clipping: 1.0}", "set by pretrain.optim.grad_clip"),
+                           ("{zero_optimization: {stage: 3}}", "set by pretrain.zero_stage"),
+                           ("{flops_profile: {enabled: true}}", "unknown DeepSpeed section 'flops_profile'")):
+        with pytest.raises(ParamsError, match=message):
+            load_params(repo / "params.yaml", [f"pretrain.deepspeed={value}"])
+
+
+def test_deepspeed_validates_the_extra_values_when_the_engine_starts():
+    from pipeline.training.engine import initialize
+    from pipeline.training.launch import process_group
+
+    bad = settings(world_size=1, zero_stage=0, grad_accum=1,
+                   extra={"zero_optimization": {"offload_optimizer": {"device": "gpu2"}}})
+    with process_group("cpu"), pytest.raises(ValueError, match="(?s)pretrain.deepspeed: DeepSpeed rejects .*offload_optimizer"):
+        initialize(torch.nn.Linear(3, 3), bad)
