@@ -42,7 +42,7 @@ FIXED_SECTIONS = ("paths",)
 MODULE_STAGES = {"plots": "pipeline.plots"}
 # Where runs live is the deployment's choice (this variable, else params.yaml's paths.runs), never
 # the trigger's: a conf may not move a run's files (see OVERRIDE_KEY_PATTERN)
-RUNS_DIR_ENV = "UNITER_RUNS_DIR"
+from pipeline.config import RUNS_DIR_ENV  # noqa: E402  (one name for the DAG and `report results --exps`)
 PARAMS_FILE = "params.yaml"
 OUTPUTS_FILE = "outputs.json"
 

@@ -250,6 +250,8 @@ def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[st
 IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
 # source keys that another stage reads, not their dataset's ingest (dvc.yaml's decontaminate deps)
 NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
+# Where Airflow runs live (runs/<run_name>/): this variable, else paths.runs; the deployment's choice
+RUNS_DIR_ENV = "UNITER_RUNS_DIR"
 # the dataset whose manifest (and text DB) each fine-tuning task reads
 TASK_DATASET = {"vqa": "vqa", "vcr": "vcr", "nlvr2": "nlvr2", "snli_ve": "snli_ve",
                 "retrieval_flickr": "flickr30k", "refcoco_plus": "refcoco"}

@@ -4,9 +4,10 @@
     python -m pipeline report results --exps          # every experiment of `dvc exp show --json`
     python -m pipeline report results --exps --md out.md   # ... also written as Markdown
     python -m pipeline report results --exps --from show.json   # a saved `dvc exp show --json`
+    python -m pipeline report results --exps --runs runs         # ... and these Airflow runs
 
 With ``--exps`` each column is one experiment (the workspace, the commit it derives from, each
-``dvc exp run``); rows are the params that differ between them, then every results row and the
+``dvc exp run``, then each Airflow run under the runs folder as ``run:<run_name>``); rows are the params that differ between them, then every results row and the
 Meta-Sum (scores of the pretrained start), taken from each experiment's ``results.json`` metrics.
 That is how the paper's ablation table (e.g. conditional vs joint masking) is rebuilt.
 """
@@ -24,7 +25,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.config import RUNS_DIR_ENV
+
 RESULTS_METRICS = "reports/results.json"  # below the data dir, as dvc exp show names it
+RUN_PARAMS = "params.yaml"  # an Airflow run's params file, in runs/<run_name>/
+LOCATION_KEYS = ("paths.", "sources.", "mini_world.out_dir")
 
 
 class ResultsError(Exception):
@@ -90,10 +95,39 @@ def experiments(show: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def airflow_runs(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every Airflow run under ``runs_dir`` (``<run_name>/params.yaml``), in name order, as
+    [{name: "run:<run_name>", params (flat), results (its data/reports/results.json or None)}]."""
+    import yaml
+
+    out = []
+    for params_file in sorted(Path(runs_dir).glob(f"*/{RUN_PARAMS}")):
+        run = params_file.parent
+        results_file = run / "data" / RESULTS_METRICS
+        out.append({"name": f"run:{run.name}", "params": _flatten("", yaml.safe_load(params_file.read_text()) or {}, {}),
+                    "results": json.loads(results_file.read_text()) if results_file.exists() else None})
+    return out
+
+
+def runs_dir_of(params_file: Path = Path("params.yaml")) -> Path:
+    """Where Airflow runs live: $UNITER_RUNS_DIR, else params.yaml's paths.runs (default ``runs``)."""
+    import os
+
+    import yaml
+
+    if os.environ.get(RUNS_DIR_ENV):
+        return Path(os.environ[RUNS_DIR_ENV])
+    raw = yaml.safe_load(params_file.read_text()) if params_file.exists() else {}
+    return Path(((raw or {}).get("paths") or {}).get("runs", "runs"))
+
+
 def side_by_side(exps: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    """(column names, rows of (label, one cell per experiment)): differing params, results rows, Meta-Sum."""
+    """(column names, rows of (label, one cell per experiment)): differing params, results rows, Meta-Sum.
+
+    Params that only say where a run keeps its files (paths, sources, the mini world's folder) differ
+    between an Airflow run and the workspace without changing a result, so they are left out."""
     names = [e["name"] for e in exps]
-    keys = sorted({k for e in exps for k in e["params"]})
+    keys = sorted({k for e in exps for k in e["params"] if not k.startswith(LOCATION_KEYS)})
     rows: list[tuple[str, list[str]]] = []
     for key in keys:
         values = [e["params"].get(key) for e in exps]
@@ -135,7 +169,7 @@ def dvc_exp_show() -> list[dict[str, Any]]:
 def show_results(args: argparse.Namespace, console: Console) -> int:
     if args.exps:
         show = json.loads(Path(args.from_file).read_text()) if args.from_file else dvc_exp_show()
-        exps = experiments(show)
+        exps = experiments(show) + airflow_runs(Path(args.runs) if args.runs else runs_dir_of())
         if not any(e["results"] for e in exps):
             raise ResultsError(f"no experiment has {RESULTS_METRICS} metrics yet: run `dvc exp run` (or `dvc repro`)")
         names, rows = side_by_side(exps)
@@ -163,6 +197,8 @@ def add_results_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exps", action="store_true", help="one column per DVC experiment (`dvc exp show --json`)")
     p.add_argument("--from", dest="from_file", metavar="JSON", help="with --exps: a saved `dvc exp show --json`")
     p.add_argument("--md", metavar="PATH", help="with --exps: also write the table as Markdown")
+    p.add_argument("--runs", metavar="DIR", help="with --exps: Airflow runs folder, listed as run:<name> columns "
+                                                 "(default: $UNITER_RUNS_DIR, else params.yaml's paths.runs)")
     p.add_argument("--dir", default="data", help="data directory holding reports/results.json (default: data)")
     p.set_defaults(func=_guarded)
 

@@ -170,8 +170,10 @@ EXP_SHOW = [
 ]
 
 
-def test_experiments_side_by_side(tmp_path):
+def test_experiments_side_by_side(tmp_path, monkeypatch):
     from pipeline.results_cli import experiments, side_by_side
+
+    monkeypatch.setenv("UNITER_RUNS_DIR", str(tmp_path / "no_runs"))  # no Airflow run columns here
 
     exps = experiments(EXP_SHOW)
     assert [e["name"] for e in exps] == ["workspace", "master", "joint-masking", "conditional"]
@@ -225,3 +227,33 @@ def test_real_dvc_exp_show_is_parsed(tmp_path):
     assert by_name["joint"]["results"]["meta_sum"]["pretrained"] == 396.51
     names, rows = side_by_side([by_name["conditional"], by_name["joint"]])
     assert rows[0] == ("param pretrain.masking", ["conditional", "joint"]) and rows[-1][1] == ["399.97", "396.51"]
+
+
+def test_airflow_runs_sit_beside_the_experiments(tmp_path, monkeypatch):
+    """`report results --exps` lists runs/<run_name>/ too (params + data/reports/results.json), and
+    params that only locate a run's files never count as a difference."""
+    import yaml
+
+    from pipeline.results_cli import airflow_runs, experiments, side_by_side
+
+    runs = tmp_path / "runs"
+    for name, masking, meta_sum in (("abl-joint", "joint", 390.25), ("pending", "conditional", None)):
+        raw = {"paths": {"data": f"runs/{name}/data"}, "pretrain": {"masking": masking, "steps": 100},
+               "finetune": {"tasks": ["vqa"]}, "mini_world": {"out_dir": f"runs/{name}/data/raw/mini"}}
+        (runs / name / "data" / "reports").mkdir(parents=True)
+        (runs / name / "params.yaml").write_text(yaml.safe_dump(raw))
+        if meta_sum is not None:
+            rows = [{"task": "vqa", "metric": "val/accuracy", "label": "VQA val acc", "pretrained": meta_sum - 1.0}]
+            (runs / name / "data" / "reports" / "results.json").write_text(
+                json.dumps({"rows": rows, "meta_sum": {"pretrained": meta_sum}}))
+    found = airflow_runs(runs)
+    assert [e["name"] for e in found] == ["run:abl-joint", "run:pending"] and found[1]["results"] is None
+    names, rows = side_by_side(experiments(EXP_SHOW[:1]) + found)
+    assert names == ["workspace", "run:abl-joint", "run:pending"]
+    assert rows == [("param pretrain.masking", ["joint", "joint", "conditional"]),
+                    ("VQA val acc", ["395.50", "389.25", "–"]), ("Meta-Sum", ["396.50", "390.25", "–"])]
+    show = tmp_path / "show.json"
+    show.write_text(json.dumps(EXP_SHOW[:1]))
+    monkeypatch.setenv("UNITER_RUNS_DIR", str(runs))
+    code, out = _report(["--exps", "--from", str(show)])
+    assert code == 0 and "run:abl-joint" in out and "390.25" in out
