@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +65,30 @@ def code_version() -> str:
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What computed the numbers: CPU model and count, and, when the stage loaded torch, its CPU
+    kernel level and the GPU. CPU kernels differ between CPU models, so results are byte-identical
+    only between runs on the same kind of machine (docs/experiments.md)."""
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    torch = sys.modules.get("torch")  # never imported for this: light stages stay light
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        with contextlib.suppress(Exception):
+            info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            info["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
+    return info
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _umask() -> int:
@@ -170,6 +196,7 @@ class RunRecord:
             "params_digest": self.params_digest,
             "input_digests": {k: tree_digest(v) if Path(v).exists() else None for k, v in sorted(self.inputs.items())},
             "code_version": code_version(),
+            "machine": machine(),
             "counts": self.counts,
             "wall_time_s": round(time.time() - self._start, 3),
             **self.extra,

@@ -191,6 +191,16 @@ def test_run_record_refuses_when_a_listed_output_is_missing(tmp_path):
     assert (out / "_run.json").is_file()
 
 
+def test_run_record_names_the_machine(tmp_path):
+    """Issue #19 §5: CPU kernels differ between CPU models, so a record says what computed it."""
+    import torch  # a training stage has torch loaded: the record then has its kernel level too
+
+    written = RunRecord("pretrain", "digest").write(tmp_path)["machine"]
+    assert written["cpus"] == os.cpu_count() and written["cpu"] and written["platform"]
+    assert written["torch"] == torch.__version__ and written["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert written["torch_threads"] == torch.get_num_threads()
+
+
 # ------------------------------------------------------------------------------------------
 # the issue's evidence: two concurrent runs of the real CLI
 
