@@ -45,7 +45,8 @@ class FinetuneConfig:
     weight_decay: float = bounded(0.01, 0, 1)
     grad_clip: float = bounded(2.0, 0, 1e6)  # global gradient norm (0: no clipping)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     zero_stage: int = 0  # 0..3; fine-tuning runs on one rank, where ZeRO partitions nothing
 
     def problems(self) -> list[tuple[str, str]]:

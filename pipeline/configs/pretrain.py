@@ -113,7 +113,8 @@ class PretrainConfig:
     hostfile: Path | None = must_exist(None)  # several nodes: `host slots=N` lines (deepspeed launcher)
     master_port: int = bounded(0, 0, 65535)  # 0: a free port
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     zero_stage: int = 0  # 0, 1 or 2 (problems(): ZeRO-3 is not supported); >0 only pays off on several ranks
     num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr

@@ -16,7 +16,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16"]
+# fp32; bf16: bf16 weights under DeepSpeed's bf16 optimizer (GPU); bf16_autocast: fp32 weights,
+# optimizer and gradients, with matmuls and convolutions in bf16 under torch.autocast (CPU)
+Precision = Literal["fp32", "bf16", "bf16_autocast"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,24 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX), as oneDNN reports it.
+    Without, bf16 is emulated and ~60x slower than fp32 (docs/experiments.md)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def resolve_precision(precision: str, device: torch.device) -> Precision:
-    """``auto`` -> bf16 on GPU, fp32 on CPU (bf16 matmuls on a CPU without AMX are slow)."""
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision  # type: ignore[return-value]
+    """The precision a run uses on ``device``.
+
+    GPU: ``auto`` and ``bf16`` -> bf16 (DeepSpeed). CPU: ``bf16`` -> bf16 autocast; ``auto`` ->
+    bf16 autocast where the CPU has native bf16 (UNITER trained in mixed precision too), else fp32.
+    So numbers depend on the kind of CPU; each ``_run.json`` records it (``machine``, ``precision``).
+    """
+    if device.type == "cpu":
+        if precision == "auto":
+            return "bf16_autocast" if cpu_has_bf16() else "fp32"
+        return "bf16_autocast" if precision == "bf16" else precision  # type: ignore[return-value]
+    return "bf16" if precision == "auto" else precision  # type: ignore[return-value]
 
 
 def deepspeed_config(s: EngineSettings) -> dict[str, Any]:
@@ -142,6 +157,10 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     if s.device.type == "cpu":
         _skip_cpu_shm_op()
     model = model.to(s.device)
+    if s.precision == "bf16_autocast":
+        # every forward (training, validation, evaluation through engine.module) runs under autocast;
+        # an instance attribute, so the state dict and checkpoints are those of the plain model
+        model.forward = torch.autocast(s.device.type, dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
     # CUDA: the fused kernel. CPU: the multi-tensor path (torch picks the per-tensor Python loop there
     # by default; foreach gives the same bits, ~16% faster: docs/throughput.md)
     on_cuda = s.device.type == "cuda"
