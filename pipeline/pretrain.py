@@ -233,7 +233,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
         txt_meta = train_dbs[0].meta
-        model, spec, region_fit = _build_model(params, plan, txt_meta, img_dbs)
+        model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
                                 first_phase_steps=plan.first_phase_steps)
         streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=plan.masking,
