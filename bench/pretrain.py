@@ -61,7 +61,8 @@ import torch
 
 from model.config import UniterConfig
 from model.pretraining import UniterForPretraining
-from pipeline.training.engine import EngineSettings, cast_batch, initialize, param_groups, warmup_linear_decay
+from pipeline.training.engine import (EngineSettings, autocast_forward, cast_batch, initialize, param_groups,
+                                      warmup_linear_decay)
 from pipeline.training.launch import process_group
 
 
@@ -118,8 +119,9 @@ class PlainLoop:
         self.model, self.s, self.prepare = model.to(s.device), s, prepare
         if s.precision == "bf16":
             self.model = self.model.to(torch.bfloat16)
+        autocast_forward(self.model, s.precision, s.device)  # the engine's forward, in (a) and plain alike
         self.opt = torch.optim.AdamW(param_groups(self.model, s.weight_decay), lr=s.lr, betas=s.betas, eps=1e-6,
-                                     fused=s.device.type == "cuda")
+                                     fused=s.device.type == "cuda", foreach=None if s.device.type == "cuda" else True)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_linear_decay(s.warmup_steps, s.total_steps))
 
     def step(self, batch: dict) -> float:
@@ -251,6 +253,7 @@ class BareLoop:
         self.model, self.prepare = model.to(s.device), prepare
         if s.precision == "bf16":
             self.model = self.model.to(torch.bfloat16)
+        autocast_forward(self.model, s.precision, s.device)  # the engine's forward, in (a) and plain alike
         self.model.train()
 
     def step(self, batch: dict) -> float:

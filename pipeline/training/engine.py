@@ -14,6 +14,8 @@ from typing import Any, Literal, Mapping
 
 import torch
 
+from pipeline.hardware import cpu_has_bf16
+
 log = logging.getLogger(__name__)
 
 # fp32; bf16: bf16 weights under DeepSpeed's bf16 optimizer (GPU); bf16_autocast: fp32 weights,
@@ -49,12 +51,6 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
             raise RuntimeError("pretrain.device=cuda but torch sees no CUDA device")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX), as oneDNN reports it.
-    Without, bf16 is emulated and ~60x slower than fp32 (docs/experiments.md)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def resolve_precision(precision: str, device: torch.device) -> Precision:
@@ -157,10 +153,7 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     if s.device.type == "cpu":
         _skip_cpu_shm_op()
     model = model.to(s.device)
-    if s.precision == "bf16_autocast":
-        # every forward (training, validation, evaluation through engine.module) runs under autocast;
-        # an instance attribute, so the state dict and checkpoints are those of the plain model
-        model.forward = torch.autocast(s.device.type, dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+    autocast_forward(model, s.precision, s.device)
     # CUDA: the fused kernel. CPU: the multi-tensor path (torch picks the per-tensor Python loop there
     # by default; foreach gives the same bits, ~16% faster: docs/throughput.md)
     on_cuda = s.device.type == "cuda"
@@ -182,6 +175,13 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     log.info("deepspeed engine: %s, %s, ZeRO-%d, %d rank(s), grad accum %d, %.1fM parameters",
              s.device, s.precision, s.zero_stage, s.world_size, s.grad_accum, n_params / 1e6)
     return engine
+
+
+def autocast_forward(model: torch.nn.Module, precision: Precision, device: torch.device) -> None:
+    """With ``bf16_autocast``, make every forward of ``model`` (training, validation, evaluation)
+    run under bf16 autocast. An instance attribute, so state dicts and checkpoints are unchanged."""
+    if precision == "bf16_autocast":
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
 
 
 def fill_missing_grads(engine) -> None:

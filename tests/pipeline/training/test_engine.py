@@ -22,8 +22,7 @@ def test_deepspeed_config_from_settings():
     assert deepspeed_config(settings(zero_stage=0))["zero_optimization"] == {"stage": 0}
 
 
-def test_precision_defaults_to_fp32_on_cpu_and_bf16_on_gpu():
-    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+def test_precision_defaults_to_bf16_on_gpu():  # on the CPU: test_precision_on_cpu_follows_native_bf16
     assert resolve_precision("auto", torch.device("cuda", 0)) == "bf16"
     assert resolve_precision("fp32", torch.device("cuda", 0)) == "fp32"
 
