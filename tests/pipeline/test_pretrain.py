@@ -48,6 +48,7 @@ def first_stage(data) -> Path:
 def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     from pipeline.pretrain import plan_stage
     from pipeline.training.data import held_out_batches, open_sources
+    from pipeline.training.engine import autocast_forward, resolve_precision
     from pipeline.training.metrics import evaluate
     from pipeline.training.model_io import model_from_export
     from pipeline.training.task_mix import TaskSchedule
@@ -82,6 +83,11 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     vocab = json.loads((first_stage / "model_config.json").read_text())["uniter_config"]["vocab_size"]
     model, _ = model_from_export(first_stage, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                                  num_classes=img_dbs.num_classes)
+    # in the precision the stage measured in (bf16 autocast on a CPU with native bf16)
+    import torch
+
+    cpu = torch.device("cpu")
+    autocast_forward(model, resolve_precision(params.pretrain.precision, cpu), cpu)
     again = evaluate(model, val, prepare=lambda b: b, module=model)
     for task, metrics in report["pretrained"].items():
         for name, value in metrics.items():
