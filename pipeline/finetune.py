@@ -273,6 +273,9 @@ def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_
                   "parameters": sum(v.numel() for v in pretrained.state.values())}
     run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
     run.extra["stage_wall_s"] = round(time.time() - started, 3)
+    from pipeline.training.engine import resolve_device, resolve_precision
+
+    run.extra["precision"] = resolve_precision(params.finetune.precision, resolve_device(params.finetune.device, 0))
     out_dir = data / "models" / name
     with atomic_dir(out_dir, stage=f"finetune@{name}") as tmp:
         save_safetensors(pretrained.state, tmp / MODEL_FILE)

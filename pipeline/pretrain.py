@@ -327,10 +327,11 @@ def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[
 def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
             started, region_fit) -> None:
     """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
-    from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
-    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
-
     import torch.distributed as tdist
+
+    from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
+    from pipeline.training.engine import resolve_precision
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
 
     cfg, export_start = params.pretrain, time.time()
     digests: list[Any] = [None] * dist.world_size
@@ -344,6 +345,7 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
             "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
             "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
             "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
+            "precision": resolve_precision(cfg.precision, engine.device),
             "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
             if plan.first_phase_steps else None,
             "held_out": held_out,

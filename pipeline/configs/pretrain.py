@@ -88,14 +88,14 @@ class VcrStageConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = bounded(600, 1, MAX_STEPS)  # optimizer steps
+    steps: int = bounded(350, 1, MAX_STEPS)  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
     )
     # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER);
     # only tasks the mix has on: the phase orders the mix's tasks and never adds one
-    first_phase_steps: int = bounded(200, 0, MAX_STEPS)
+    first_phase_steps: int = bounded(100, 0, MAX_STEPS)
     first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)

@@ -48,7 +48,7 @@ def test_every_key_in_params_yaml_round_trips():
         ("ingest.datasets=coco", "ingest.datasets: expected a list"),
         ("finetune.per_task.vqa.stepz=1", "unknown key finetune.per_task.vqa.stepz"),
         ("world=moon", "world: expected one of ['mini', 'real']"),
-        ("pretrain.steps=50", "pretrain.first_phase_steps: 200 is more than pretrain.steps (50)"),
+        ("pretrain.steps=50", "pretrain.first_phase_steps: 100 is more than pretrain.steps (50)"),
         ("pretrain.first_phase_steps=-1", "pretrain.first_phase_steps: must be an integer in [0, 10000000], got -1"),
         ("pretrain.steps=0", "pretrain.steps: must be an integer in [1, 10000000], got 0"),
         ("pretrain.mask_prob=2.0", "pretrain.mask_prob: must be a finite number in (0, 1), got 2.0"),
@@ -67,7 +67,7 @@ def test_a_first_phase_that_cannot_run_is_not_checked_against_steps():
     # MLM alone: the ITM-first phase drops out, so a short run is fine
     params = load_params(PARAMS, ["pretrain.steps=50", "pretrain.mix_ratio={mlm: 1.0}"])
     assert params.pretrain.first_phase() == ({}, 0)
-    assert load_params(PARAMS).pretrain.first_phase() == ({"itm": 1.0}, 200)
+    assert load_params(PARAMS).pretrain.first_phase() == ({"itm": 1.0}, 100)
 
 
 def test_missing_key_is_an_error():
