@@ -13,8 +13,8 @@
   and the non-pretrained start).
 
 CI runs the tiny-world tests once through `make test`; the default-params run (marker ``demo``,
-28.8 min on 2 cores on 2026-12-01, plus ~6 min for the ablations) runs with `make test-full`. They skip, saying which, while stage modules are
-missing.
+28.8 min on 2 cores on 2026-12-01, plus ~6 min for the ablations) runs with `make test-full`.
+They skip, saying which, while stage modules are missing.
 """
 
 from __future__ import annotations
