@@ -1,8 +1,8 @@
 """Stage ``finetune@<task>``: fine-tune the pretrained model on one downstream task and evaluate it.
 
 For each task of ``finetune.tasks`` (or the one named), starting from ``data/models/<out_name>``
-(VCR: ``data/models/<out_name>_vcr``, the second stage; ``<out_name>`` = ``pretrain.out_name``), the task's model is trained with the
-pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
+(VCR: ``data/models/<out_name>_vcr``, the second stage; ``<out_name>`` = ``pretrain.out_name``),
+the task's model is trained with the pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
 ``data/checkpoints/finetune/<task>/``) and evaluated. With ``finetune.compare_scratch`` the same
 model is also trained from a non-pretrained start (``finetune.scratch_init``: BERT text weights
 only, or random) with the same steps and data order, so the pretraining gain is measured.
@@ -174,7 +174,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
     inits = ["pretrained", "scratch"] if cfg.compare_scratch else ["pretrained"]
     started = time.time()
     if len(inits) > 1 and cfg.parallel_starts and device.type == "cpu":
-        train_starts_in_parallel(params, name, inits, setup.work_root)
+        train_starts_in_parallel(params, name, inits, precision=precision)
     # after a parallel run each start's result is on disk, and train_run reads it instead of training
     outcomes: dict[str, RunOutcome] = {
         init: train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
@@ -182,7 +182,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
         for init in inits}
     record = metrics_record(setup.task, outcomes, setup.task.chance())
     write_outputs(params, setup.task, setup.config, setup.img_dim, setup.meta, setup.init_dir, outcomes, record,
-                  setup.work_root, started)
+                  setup.work_root, started, precision=precision)
     remove_owned(setup.work_root)
     for parent in (setup.work_root.parent, setup.work_root.parent.parent):  # checkpoints/finetune, checkpoints
         with contextlib.suppress(OSError):  # not empty (another stage's run), or already gone
@@ -190,7 +190,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
     return record
 
 
-def train_starts_in_parallel(params: Params, name: str, inits: list[str], work_root: Path) -> None:
+def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, precision: str) -> None:
     """Train each start of ``name`` in its own process with an equal share of the CPU cores.
 
     Two one-thread processes did 1.36x the steps per second of one two-thread process on the 2-core
@@ -201,7 +201,7 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], work_r
 
     threads = max(1, (os.cpu_count() or 1) // len(inits))
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP pools or LMDB handles
-    children = {init: ctx.Process(target=_train_start_child, args=(params, name, init, threads),
+    children = {init: ctx.Process(target=_train_start_child, args=(params, name, init, threads, precision),
                                   name=f"finetune@{name}:{init}") for init in inits}
     log.info("finetune@%s: training the %s starts side by side, %d thread(s) each", name, " and ".join(inits),
              threads)
@@ -216,9 +216,8 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], work_r
                            "finetune.parallel_starts=false to train the starts one after the other")
 
 
-def _train_start_child(params: Params, name: str, init: str, threads: int) -> None:
+def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
     """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
-    from pipeline.training.engine import resolve_precision
     from pipeline.training.launch import LAUNCH_ENV
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [{init}]: %(message)s")
@@ -228,8 +227,8 @@ def _train_start_child(params: Params, name: str, init: str, threads: int) -> No
     device = torch.device("cpu")
     setup = open_task(params, name)
     with process_group("cpu") as dist:
-        train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device,
-                  precision=resolve_precision(params.finetune.precision, device), seed=params.seed)
+        train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
+                  seed=params.seed)
 
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
@@ -258,7 +257,7 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
 
 def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_dim: int, meta: dict[str, Any],
                   init_dir: Path, outcomes: dict[str, RunOutcome], record: dict[str, Any], work_root: Path,
-                  started: float) -> None:
+                  started: float, *, precision: str) -> None:
     from pipeline.training.checkpointing import save_safetensors
 
     data, name = Path(params.paths.data), task.name
@@ -273,9 +272,7 @@ def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_
                   "parameters": sum(v.numel() for v in pretrained.state.values())}
     run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
     run.extra["stage_wall_s"] = round(time.time() - started, 3)
-    from pipeline.training.engine import resolve_device, resolve_precision
-
-    run.extra["precision"] = resolve_precision(params.finetune.precision, resolve_device(params.finetune.device, 0))
+    run.extra["precision"] = precision
     out_dir = data / "models" / name
     with atomic_dir(out_dir, stage=f"finetune@{name}") as tmp:
         save_safetensors(pretrained.state, tmp / MODEL_FILE)

@@ -7,8 +7,9 @@
     python -m pipeline report results --exps --runs runs         # ... and these Airflow runs
 
 With ``--exps`` each column is one experiment (the workspace, the commit it derives from, each
-``dvc exp run``, then each Airflow run under the runs folder as ``run:<run_name>``); rows are the params that differ between them, then every results row and the
-Meta-Sum (scores of the pretrained start), taken from each experiment's ``results.json`` metrics.
+``dvc exp run``, then each Airflow run under the runs folder as ``run:<run_name>``); rows are the
+params that differ between them, then every results row and the Meta-Sum (scores of the pretrained
+start), taken from each experiment's ``results.json`` metrics.
 That is how the paper's ablation table (e.g. conditional vs joint masking) is rebuilt.
 """
 
@@ -104,7 +105,8 @@ def airflow_runs(runs_dir: Path) -> list[dict[str, Any]]:
     for params_file in sorted(Path(runs_dir).glob(f"*/{RUN_PARAMS}")):
         run = params_file.parent
         results_file = run / "data" / RESULTS_METRICS
-        out.append({"name": f"run:{run.name}", "params": _flatten("", yaml.safe_load(params_file.read_text()) or {}, {}),
+        params = _flatten("", yaml.safe_load(params_file.read_text()) or {}, {})
+        out.append({"name": f"run:{run.name}", "params": params,
                     "results": json.loads(results_file.read_text()) if results_file.exists() else None})
     return out
 
