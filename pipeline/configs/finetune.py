@@ -12,6 +12,33 @@ TASKS = ("vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus")
 
 
 @dataclass(frozen=True)
+class TaskSplits:
+    """The evaluation splits of one task, by the split names of the ingested dataset's manifest.
+
+    ``dev`` is where choices are made (budgets, learning rates); ``test`` is only reported. Both are
+    scored, so decontamination removes the images of both from every pretraining manifest.
+    """
+
+    dataset: str
+    dev: tuple[str, ...]
+    test: tuple[str, ...]
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        return (*self.dev, *self.test)
+
+
+TASK_SPLITS: dict[str, TaskSplits] = {
+    "vqa": TaskSplits("vqa", dev=("val",), test=("test",)),
+    "vcr": TaskSplits("vcr", dev=("val",), test=("test",)),
+    "nlvr2": TaskSplits("nlvr2", dev=("dev",), test=("test",)),
+    "snli_ve": TaskSplits("snli_ve", dev=("dev",), test=("test",)),
+    "retrieval_flickr": TaskSplits("flickr30k", dev=("val",), test=("test",)),
+    "refcoco_plus": TaskSplits("refcoco", dev=("val",), test=("testA", "testB")),
+}
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     # optimizer steps (the same budget for the pretrained and the scratch start)
     steps: int = bounded(300, 1, MAX_STEPS)
