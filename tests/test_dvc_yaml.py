@@ -160,6 +160,7 @@ NOT_DEPS = {
     "extract.sources": "which extract@ITEM stages exist is fixed in dvc.yaml",
     "extract.device": "execution: same model, another device",
     "extract.workers": "execution: processes sharing the shards",
+    "extract.parts": "execution: tasks sharing the shards, merged into the same bytes",
     "decontaminate.workers": "execution: processes hashing images",
     "pretrain.hostfile": "execution: where the ranks run",
     "pretrain.master_port": "execution",

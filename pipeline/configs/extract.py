@@ -32,6 +32,8 @@ class ExtractConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (ignored on CPU)
     workers: int = bounded(1, 1, 256)
+    # tasks one source's shards are split over (`extract SOURCE:k/K`); > 1: `extract SOURCE` merges them
+    parts: int = bounded(1, 1, 4096)
     shard_size: int = bounded(1000, 1, MAX_COUNT)  # images per shard file
     batch_size: int = bounded(8, 1, 4096)
     conf_th: float = bounded(0.2, 0, 1)  # class confidence a kept box needs (min_boxes are kept anyway)
