@@ -3,7 +3,9 @@
 ``python -m pipeline extract [ITEM]`` with ITEM an image source (coco, vg, flickr30k, cc, sbu,
 vcr, nlvr2), a given-box set (``coco_gt``, ``vcr_gt``), or nothing for every source of
 ``extract.sources``. Item ``coco`` also writes ``coco_gt`` (RefCOCO+ ground-truth boxes) and
-``vcr`` also ``vcr_gt`` (VCR object boxes from the metadata files).
+``vcr`` also ``vcr_gt`` (VCR object boxes from the metadata files). ``SOURCE:k/K`` extracts part
+k of K of a source, and with ``extract.parts`` > 1 a plain run merges the parts instead of
+extracting (:mod:`pipeline.region_parts`, docs/scaling.md).
 
 Which images: the union, per image source, of the image ids of the clean pretraining manifests
 (``data/clean/*.parquet``) and the downstream task manifests (``data/manifests/{vqa, vcr, nlvr2,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,8 +25,8 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Params
 from pipeline.configs.extract import IMAGE_SOURCES
-from pipeline.detector.runner import (ExtractSettings, ImageItem, plan_shards, remove_stale_files, run_shards,
-                                      settings_record)
+from pipeline.detector.runner import (ExtractSettings, ImageItem, RunSummary, plan_shards, remove_stale_files,
+                                      run_shards, settings_record)
 from pipeline.ownership import claim_dir, preflight
 from pipeline.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
 
@@ -173,7 +176,8 @@ def targets(params: Params, item: str | None) -> list[str]:
     return names
 
 
-def _detector_meta(settings: ExtractSettings, mode: str) -> dict:
+def detector_meta(settings: ExtractSettings, mode: str) -> dict:
+    """The feature directory's ``meta.json`` content (loads the detector to read its dimensions)."""
     from pipeline.detector.build import load_detector
 
     detector = load_detector(settings.preset, settings.weights)
@@ -182,51 +186,98 @@ def _detector_meta(settings: ExtractSettings, mode: str) -> dict:
             "weights_sha256": settings.weights_digest, "mode": mode}
 
 
-def extract_set(params: Params, name: str, settings: ExtractSettings, workers: int) -> dict:
-    """Write ``data/features/<name>/`` for one image source or given-box set; return the run record."""
-    data = params.paths.data
-    record = RunRecord(f"extract@{name}", params.section_digest("extract"))
-    if name in IMAGE_SOURCES:
-        mode, (items, used), input_rejects = "detected", detected_items(data, name), []
-    else:
-        mode = "given"
-        items, input_rejects, used = given_box_items(data, name)
-    out_dir = data / "features" / name
-    claim_dir(out_dir, f"extract@{name}")  # stale shards below are pruned: only in a directory of ours
-    jobs = plan_shards(items, out_dir, shard_size=params.extract.shard_size, settings=settings, mode=mode)
-    remove_stale_files(out_dir, keep=len(jobs))
-    summary = run_shards(jobs, settings, workers=workers, desc=f"extract@{name}")
+@dataclass(frozen=True)
+class Selection:
+    """The images one feature set needs: ``mode`` (detected | given), ``items`` sorted by id, the
+    ``input_rejects`` (bad given boxes) and the manifests ``used``."""
 
-    atomic_write_json(out_dir / "meta.json", _detector_meta(settings, mode))
-    rejects = sorted(input_rejects + summary.rejects, key=lambda r: (r["image_id"], r["reason"]))
+    name: str
+    mode: str
+    items: list[ImageItem]
+    input_rejects: list[dict]
+    used: list[Path]
+
+
+def select(params: Params, name: str) -> Selection:
+    """Which images the feature set ``name`` (an image source or a given-box set) needs."""
+    data = params.paths.data
+    if name in IMAGE_SOURCES:
+        items, used = detected_items(data, name)
+        return Selection(name, "detected", items, [], used)
+    items, input_rejects, used = given_box_items(data, name)
+    return Selection(name, "given", items, input_rejects, used)
+
+
+def feature_dir(params: Params, name: str) -> Path:
+    """``<paths.data>/features/<name>``: the feature set's output directory (docs/design.md §8)."""
+    return params.paths.data / "features" / name
+
+
+def write_outputs(params: Params, sel: Selection, settings: ExtractSettings, summary: RunSummary, meta: dict, *,
+                  workers: int | None, extra: dict | None = None) -> dict:
+    """``meta.json``, ``rejects.parquet`` and ``_run.json`` of a feature directory whose shards are
+    all written (``summary``: their totals); returns the run record. ``extra``: more record fields."""
+    out_dir = feature_dir(params, sel.name)
+    record = RunRecord(f"extract@{sel.name}", params.section_digest("extract"))
+    atomic_write_json(out_dir / "meta.json", meta)
+    rejects = sorted(sel.input_rejects + summary.rejects, key=lambda r: (r["image_id"], r["reason"]))
     table = pa.Table.from_pylist(rejects, schema=REJECT_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(out_dir / "rejects.parquet", sink.getvalue().to_pybytes())
 
-    for i, manifest in enumerate(used):
+    for i, manifest in enumerate(sel.used):
         record.inputs[f"manifest_{i}"] = manifest
     record.inputs["weights"] = settings.weights
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
-    record.counts.update({"images_listed": len(items) + len(input_rejects), "images": summary.images,
+    record.counts.update({"images_listed": len(sel.items) + len(sel.input_rejects), "images": summary.images,
                           "rejected": len(rejects), "rejected_by_reason": reasons, "regions": summary.regions,
                           "shards": summary.shards, "shards_skipped": summary.shards_skipped})
     record.extra["settings"] = settings_record(settings)
     record.extra["workers"] = workers
+    record.extra.update(extra or {})
     result = record.write(out_dir)
     per_image = summary.regions / summary.images if summary.images else 0.0
     log.info("extract@%s: %d images in %d shards (%d reused), %d rejected, %d regions (%.1f per image), %.1fs",
-             name, summary.images, summary.shards, summary.shards_skipped, len(rejects), summary.regions,
+             sel.name, summary.images, summary.shards, summary.shards_skipped, len(rejects), summary.regions,
              per_image, result["wall_time_s"])
     return result
 
 
+def extract_set(params: Params, name: str, settings: ExtractSettings, workers: int) -> dict:
+    """Write ``data/features/<name>/`` for one image source or given-box set; return the run record."""
+    sel = select(params, name)
+    out_dir = feature_dir(params, name)
+    claim_dir(out_dir, f"extract@{name}")  # stale shards below are pruned: only in a directory of ours
+    jobs = plan_shards(sel.items, out_dir, shard_size=params.extract.shard_size, settings=settings, mode=sel.mode)
+    remove_stale_files(out_dir, keep=len(jobs))
+    summary = run_shards(jobs, settings, workers=workers, desc=f"extract@{name}")
+    return write_outputs(params, sel, settings, summary, detector_meta(settings, sel.mode), workers=workers)
+
+
 def run(params: Params, item: str | None = None) -> None:
-    """Stage entry: extract region features for ``item`` (see module doc) or every source."""
-    names = targets(params, item)
-    preflight(*(params.paths.data / "features" / name for name in names))
+    """Stage entry: extract region features for ``item`` (see module doc) or every source.
+
+    ``SOURCE:k/K`` extracts part k of K; with ``extract.parts`` > 1, a plain run merges the parts
+    (:mod:`pipeline.region_parts`).
+    """
+    from pipeline import region_parts
+
+    source, part = region_parts.split_item(item)
+    names = targets(params, source)
+    if part is not None:
+        preflight(*(region_parts.part_dir(params, name, part) for name in names))
+        settings, workers = make_settings(params)
+        for name in names:
+            region_parts.extract_part(params, name, part, settings, workers)
+        return
+    preflight(*(feature_dir(params, name) for name in names))
+    if params.extract.parts > 1:
+        for name in names:
+            region_parts.merge_parts(params, name, params.extract.parts)
+        return
     settings, workers = make_settings(params)
     for name in names:
         extract_set(params, name, settings, workers)

@@ -1,96 +1,31 @@
 """Stage ``extract``: which images, the shard layout of docs/design.md §8, bad images, resume, given boxes.
 
-A tiny world built here: a few rendered COCO-style scenes plus one image of each defect kind,
-manifests that list them (clean + task manifests, with duplicates across manifests), VCR
-metadata files, RefCOCO+ boxes, and a randomly initialized mini detector checkpoint.
+The tiny world of tests/pipeline/extract_world.py: a few rendered COCO-style scenes plus one image
+of each defect kind, manifests that list them, VCR metadata files, RefCOCO+ boxes, and a randomly
+initialized mini detector checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
-from scene_kit import DECODABLE, REJECTED, render_scene, save_mini_checkpoint, write_defect_images  # noqa: E402
+from extract_world import SCENE_IDS, copy_manifests, feature_files, params_for, write_world  # noqa: E402
+from scene_kit import DECODABLE, REJECTED  # noqa: E402
 
-from pipeline.config import load_params  # noqa: E402
 from pipeline.detector.runner import STOP_ENV, ExtractionInterrupted  # noqa: E402
 from pipeline.detector.shards import read_shard  # noqa: E402
 from pipeline.regions import detected_items, run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SCENE_IDS = [str(i) for i in range(101, 106)]
-
-
-def _manifest(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(path, index=False)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("extract_world")
-    raw = root / "raw"
-    rng = np.random.default_rng(0)
-    paths, objects = {}, {}
-    for image_id in SCENE_IDS + ["106", "107"]:
-        img, objs = render_scene(rng, 64, n_objects=2)
-        paths[image_id] = raw / "coco" / f"COCO_train2014_{int(image_id):012d}.jpg"
-        paths[image_id].parent.mkdir(parents=True, exist_ok=True)
-        img.save(paths[image_id], quality=95)
-        objects[image_id] = objs
-    defects = write_defect_images(raw / "defects")
-    row = lambda src, i, p: {"image_source": src, "image_id": i, "image_path": str(p), "text": "x"}  # noqa: E731
-    clean = [row("coco", i, paths[i]) for i in SCENE_IDS] + [row("coco", f"d_{k}", p) for k, p in defects.items()]
-    vqa = [row("coco", "101", paths["101"]), row("coco", "106", paths["106"])]
-    refs = []
-    for image_id, ann_base in (("101", 500), ("102", 600)):
-        for k, obj in enumerate(objects[image_id]):
-            x1, y1, x2, y2 = obj["box"]
-            for sent in range(2):  # one manifest row per sentence
-                refs.append(row("coco", image_id, paths[image_id]) | {"ann_id": ann_base + k, "bbox": [x1, y1, x2 - x1, y2 - y1]})
-    refs.append(row("coco", "107", paths["107"]) | {"ann_id": 700, "bbox": [5.0, 5.0, 0.0, 10.0]})
-    meta_dir = raw / "vcr"
-    meta_dir.mkdir()
-    vcr = []
-    for image_id in ("v1", "v2", "v3"):
-        meta = meta_dir / f"{image_id}.json"
-        if image_id != "v3":  # v3's metadata file is missing
-            boxes = [list(map(float, o["box"])) + [0.9] for o in objects["10" + image_id[1]]]
-            meta.write_text(json.dumps({"boxes": boxes, "names": ["x"] * len(boxes), "width": 64, "height": 64}))
-        vcr.append(row("vcr", image_id, paths["10" + image_id[1]]) | {"metadata_path": str(meta)})
-    nlvr2 = [row("nlvr2", "n-img0", paths["103"]) | {"image_id_2": "n-img1", "image_path_2": str(paths["104"])}]
-    manifests = {"clean/coco.parquet": clean, "manifests/vqa.parquet": vqa, "manifests/refcoco.parquet": refs,
-                 "manifests/vcr.parquet": vcr, "manifests/nlvr2.parquet": nlvr2}
-    data = root / "data"
-    for rel, rows in manifests.items():
-        _manifest(data / rel, rows)
-    weights = save_mini_checkpoint(root / "weights" / "model_final.pth", image_size=64)
-    return {"root": root, "data": data, "paths": paths, "objects": objects, "defects": defects,
-            "weights": weights, "manifests": manifests}
-
-
-def _params(data: Path, weights: Path, *extra: str):
-    overrides = [f"paths.data={data}", f"extract.weights={weights}", "extract.shard_size=3", "extract.batch_size=2",
-                 "extract.workers=1", "extract.device=cpu", *extra]
-    return load_params(ROOT / "params.yaml", overrides, check_paths=False)
-
-
-def _copy_manifests(world: dict, data: Path) -> None:
-    for rel in world["manifests"]:
-        (data / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(world["data"] / rel, data / rel)
-
-
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith("_run")}
+    return write_world(tmp_path_factory.mktemp("extract_world"))
 
 
 def test_images_are_the_sorted_union_over_manifests(world):
@@ -105,7 +40,7 @@ def test_images_are_the_sorted_union_over_manifests(world):
 
 @pytest.fixture(scope="module")
 def coco_run(world):
-    run(_params(world["data"], world["weights"]), "coco")
+    run(params_for(world["data"], world["weights"]), "coco")
     return world["data"] / "features"
 
 
@@ -163,8 +98,8 @@ def test_coco_gt_has_exactly_the_refcoco_boxes(world, coco_run):
 
 def test_vcr_gt_boxes_come_from_the_metadata_files(world, tmp_path):
     data = tmp_path / "data"
-    _copy_manifests(world, data)
-    run(_params(data, world["weights"]), "vcr_gt")
+    copy_manifests(world, data)
+    run(params_for(data, world["weights"]), "vcr_gt")
     shard = read_shard(data / "features" / "vcr_gt" / "shard-00000.safetensors")
     assert shard.image_ids == ["v1", "v2"]
     for j, image_id in enumerate(("101", "102")):
@@ -178,19 +113,19 @@ def test_vcr_gt_boxes_come_from_the_metadata_files(world, tmp_path):
 
 def test_rerun_skips_finished_shards_and_changes_nothing(world, coco_run):
     out = coco_run / "coco"
-    before = _files(out)
+    before = feature_files(out)
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
-    run(_params(world["data"], world["weights"]), "coco")
+    run(params_for(world["data"], world["weights"]), "coco")
     record = json.loads((out / "_run.json").read_text())
     assert record["counts"]["shards_skipped"] == record["counts"]["shards"] > 1
-    assert _files(out) == before
+    assert feature_files(out) == before
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")} == mtimes
 
 
 def test_kill_and_resume_gives_the_bytes_of_an_uninterrupted_run(world, coco_run, tmp_path, monkeypatch):
     data = tmp_path / "data"
-    _copy_manifests(world, data)
-    params = _params(data, world["weights"])
+    copy_manifests(world, data)
+    params = params_for(data, world["weights"])
     monkeypatch.setenv(STOP_ENV, "2")
     with pytest.raises(ExtractionInterrupted):
         run(params, "coco")
@@ -203,31 +138,31 @@ def test_kill_and_resume_gives_the_bytes_of_an_uninterrupted_run(world, coco_run
     run(params, "coco")
     record = json.loads((out / "_run.json").read_text())
     assert record["counts"]["shards_skipped"] == 2
-    assert _files(out) == _files(coco_run / "coco")
+    assert feature_files(out) == feature_files(coco_run / "coco")
     assert not list(out.glob(".*.tmp"))
 
 
 def test_a_stale_shard_is_recomputed(world, tmp_path):
     data = tmp_path / "data"
-    _copy_manifests(world, data)
-    params = _params(data, world["weights"], "extract.min_boxes=12")
+    copy_manifests(world, data)
+    params = params_for(data, world["weights"], "extract.min_boxes=12")
     run(params, "nlvr2")
     out = data / "features" / "nlvr2"
     shard = read_shard(out / "shard-00000.safetensors")
     assert all(len(shard.image(j)["conf"]) >= 12 for j in range(len(shard.image_ids)))
-    run(_params(data, world["weights"]), "nlvr2")  # a different keep rule: the marker no longer matches
+    run(params_for(data, world["weights"]), "nlvr2")  # a different keep rule: the marker no longer matches
     record = json.loads((out / "_run.json").read_text())
     assert record["counts"]["shards_skipped"] == 0
 
 
 def test_unknown_item_is_an_error(world):
     with pytest.raises(ValueError, match="unknown item 'imagenet'"):
-        run(_params(world["data"], world["weights"]), "imagenet")
+        run(params_for(world["data"], world["weights"]), "imagenet")
 
 
 @pytest.mark.slow
 def test_two_worker_processes_write_the_same_bytes(world, coco_run, tmp_path):
     data = tmp_path / "data"
-    _copy_manifests(world, data)
-    run(_params(data, world["weights"], "extract.workers=2"), "coco")
-    assert _files(data / "features" / "coco") == _files(coco_run / "coco")
+    copy_manifests(world, data)
+    run(params_for(data, world["weights"], "extract.workers=2"), "coco")
+    assert feature_files(data / "features" / "coco") == feature_files(coco_run / "coco")
