@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections import deque
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import yaml
 
@@ -43,6 +43,8 @@ MODULE_STAGES = {"plots": "pipeline.plots"}
 # Where runs live is the deployment's choice (this variable, else params.yaml's paths.runs), never
 # the trigger's: a conf may not move a run's files (see OVERRIDE_KEY_PATTERN)
 from pipeline.config import RUNS_DIR_ENV  # noqa: E402  (one name for the DAG and `report results --exps`)
+if TYPE_CHECKING:
+    from pipeline.gpu_alloc import Allocation
 PARAMS_FILE = "params.yaml"
 OUTPUTS_FILE = "outputs.json"
 
@@ -60,6 +62,13 @@ class StageFailed(RuntimeError):
 def repo_params(repo_root: Path = REPO_ROOT) -> dict[str, Any]:
     """The repository's ``params.yaml`` as a plain mapping (the defaults of every run)."""
     return yaml.safe_load((repo_root / PARAMS_FILE).read_text()) or {}
+
+
+def parse_repo_params(repo_root: Path = REPO_ROOT) -> Any:
+    """The repository's ``params.yaml``, parsed (``pipeline.config.Params``; input paths unchecked)."""
+    from pipeline.config import parse_params
+
+    return parse_params(repo_params(repo_root), source=str(repo_root / PARAMS_FILE), check_paths=False)
 
 
 def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
@@ -156,7 +165,16 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
         "datasets": list(params.ingest.datasets),
         "image_sources": list(params.extract.sources),
         "tasks": list(params.finetune.tasks),
+        "gpus": gpus_per_stage(params),
     }
+
+
+def gpus_per_stage(params: Any) -> dict[str, int]:
+    """The GPUs each GPU stage of a run uses on its host (what the task allocates): extraction one
+    per ``extract.workers`` process, pretraining ``pretrain.world_size`` ranks, the rest one."""
+    ranks = int(params.pretrain.world_size)
+    return {"train_detector": 1, "extract": int(params.extract.workers), "pretrain": ranks,
+            "pretrain_masking": ranks, "pretrain_vcr": ranks, "finetune": 1}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -173,18 +191,23 @@ def stage_command(stage: str, item: str | None, params_file: str) -> list[str]:
 
 
 def run_stage(stage: str, item: str | None, params_file: str, *, repo_root: Path = REPO_ROOT,
-              emit: Callable[[str], None] | None = None, tail_lines: int = 40) -> None:
+              emit: Callable[[str], None] | None = None, tail_lines: int = 40,
+              gpus: "Allocation | None" = None) -> None:
     """Run one stage as a child process in ``repo_root``, streaming its output to ``emit`` (the task
     log). A child process keeps torch/DeepSpeed/detectron2 state out of the Airflow worker.
+    ``gpus``: the devices the task holds (``pipeline.gpu_alloc``): the stage sees only those, and
+    inherits their locks so they stay taken while it lives.
     Raises :class:`StageFailed` with the last ``tail_lines`` lines when it exits non-zero."""
     emit = emit or log.info
     cmd = stage_command(stage, item, params_file)
     emit("$ " + " ".join(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"}
     env.setdefault("PYTHONHASHSEED", "0")
+    if gpus is not None:
+        env = gpus.env(env)
     tail: deque[str] = deque(maxlen=tail_lines)
     with subprocess.Popen(cmd, cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="backslashreplace") as proc:
+                          text=True, errors="backslashreplace", pass_fds=gpus.fds if gpus else ()) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")

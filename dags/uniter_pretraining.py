@@ -7,13 +7,16 @@ Trigger it with a conf (every key optional; validated by the JSON schemas below)
 Each task runs the same stage entry as dvc.yaml (``python -m pipeline <stage> [ITEM] --params
 runs/<run_name>/params.yaml``), so a run is the DVC pipeline with the trigger's params, written to
 its own ``runs/<run_name>/`` (params, conf, data, outputs.json). Stages are idempotent and write
-atomically: retrying a task is safe. Extraction and training tasks take a slot of the ``gpu`` pool.
+atomically: retrying a task is safe. Extraction and training tasks take ``gpu`` pool slots, one
+per GPU they use, and run on devices of their own: ``pipeline.gpu_alloc`` hands each task free
+indices of its host (``CUDA_VISIBLE_DEVICES``) and takes them back when it ends, also when killed.
 This file only wires stages; the helpers are in ``_uniter_runs.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -26,11 +29,16 @@ from airflow.sdk.exceptions import AirflowFailException
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 import _uniter_runs as runs  # noqa: E402
+from pipeline import gpu_alloc  # noqa: E402  (importable: _uniter_runs puts the repository on sys.path)
 
 log = logging.getLogger(__name__)
 
 GPU_POOL = "gpu"
+# the pool's size (scripts/airflow_local.sh and docker-compose.yml create it from the same variable):
+# a task never asks for more slots than the pool has, or the scheduler would never start it
+GPU_POOL_SIZE = int(os.environ.get("AIRFLOW_GPU_SLOTS", "1"))
 DEFAULTS = runs.repo_params()
+DEFAULT_GPUS = runs.gpus_per_stage(runs.parse_repo_params())
 PRESETS = ["tiny", "small", "base", "large"]
 PRETRAIN_TASKS = ["mlm", "mrfr", "mrc", "mrc_kl", "itm"]
 FINETUNE_TASKS = ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus"]
@@ -70,6 +78,19 @@ PARAMS = {
 
 def _run_stage(run: dict, stage: str, item: str | None = None) -> None:
     runs.run_stage(stage, item, run["params"], emit=log.info)
+
+
+def _run_gpu_stage(run: dict, stage: str, item: str | None = None) -> None:
+    """A GPU stage on devices of its own: as many as the run's params say it uses (run["gpus"])."""
+    label = f"{run['run_name']}:{stage}" + (f"@{item}" if item else "")
+    with gpu_alloc.allocate(run["gpus"][stage], label=label, emit=log.info) as gpus:
+        runs.run_stage(stage, item, run["params"], emit=log.info, gpus=gpus)
+
+
+def _gpu_slots(stage: str) -> int:
+    """``gpu`` pool slots of a stage's task: the GPUs it uses with params.yaml's values (a run's
+    conf may change that; the allocator then still gives it disjoint devices), capped at the pool."""
+    return max(1, min(DEFAULT_GPUS[stage], GPU_POOL_SIZE))
 
 
 @dag(
@@ -119,37 +140,37 @@ def uniter_pretraining():
         _run_stage(run, "decontaminate")
         log.info("cleaning summary\n%s", runs.cleaning_summary(run["data"]))
 
-    @task(pool=GPU_POOL)
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("train_detector"))
     def train_detector(run: dict) -> None:
         if run["detector"] == "mini":
-            _run_stage(run, "train_detector")
+            _run_gpu_stage(run, "train_detector")
         else:
             log.info("detector %s uses the weights in extract.weights: nothing to train", run["detector"])
 
-    @task(pool=GPU_POOL, map_index_template="{{ image_source }}")
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("extract"), map_index_template="{{ image_source }}")
     def extract(run: dict, image_source: str) -> None:
-        _run_stage(run, "extract", image_source)
+        _run_gpu_stage(run, "extract", image_source)
 
     @task
     def build_dbs(run: dict) -> None:
         _run_stage(run, "build_dbs")
 
-    @task(pool=GPU_POOL)
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("pretrain"))
     def pretrain(run: dict) -> None:
-        _run_stage(run, "pretrain")
+        _run_gpu_stage(run, "pretrain")
 
-    @task(pool=GPU_POOL)
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("pretrain_masking"))
     def pretrain_masking(run: dict) -> None:
         """The first stage with the other masking: the masking ablation of ablations.md."""
-        _run_stage(run, "pretrain_masking")
+        _run_gpu_stage(run, "pretrain_masking")
 
-    @task(pool=GPU_POOL)
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("pretrain_vcr"))
     def pretrain_vcr(run: dict) -> None:
-        _run_stage(run, "pretrain_vcr")
+        _run_gpu_stage(run, "pretrain_vcr")
 
-    @task(pool=GPU_POOL, map_index_template="{{ finetune_task }}")
+    @task(pool=GPU_POOL, pool_slots=_gpu_slots("finetune"), map_index_template="{{ finetune_task }}")
     def finetune(run: dict, finetune_task: str) -> None:
-        _run_stage(run, "finetune", finetune_task)
+        _run_gpu_stage(run, "finetune", finetune_task)
 
     @task
     def results(run: dict) -> None:

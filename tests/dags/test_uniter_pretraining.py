@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -79,6 +80,21 @@ def test_extraction_and_training_use_the_gpu_pool_and_retry():
         assert task.pool == ("gpu" if task.task_id in GPU_TASKS else "default_pool"), task.task_id
         # every stage task retries (stages are idempotent); a conf error does not
         assert task.retries == (0 if task.task_id == "prepare" else 2), task.task_id
+
+
+def test_gpu_tasks_take_a_slot_per_gpu_and_run_on_allocated_devices(tmp_path):
+    """pool_slots: the GPUs a stage uses with params.yaml's values, capped at the pool's size; at run
+    time each GPU task holds that many devices of its own (a run's conf may ask for more)."""
+    dag = the_dag()
+    gpus = runs.gpus_per_stage(runs.parse_repo_params())
+    assert set(gpus) == GPU_TASKS
+    for task_id in GPU_TASKS:
+        assert dag.get_task(task_id).pool_slots == max(1, min(gpus[task_id], int(os.environ.get(
+            "AIRFLOW_GPU_SLOTS", "1")))), task_id
+    run = runs.prepare_run({"run_name": "g", "overrides": {"pretrain.world_size": 2, "extract.workers": 3}}, "m",
+                           repo_root=make_repo(tmp_path))
+    assert run["gpus"] == {"train_detector": 1, "extract": 3, "pretrain": 2, "pretrain_masking": 2,
+                           "pretrain_vcr": 2, "finetune": 1}
 
 
 def test_param_defaults_are_params_yaml_and_validate():
