@@ -43,8 +43,9 @@ ablations: $(STAMP)
 # CI's suite: unit and stage tests (the slow ones too), the tiny-world end-to-end checks (two
 # fresh `dvc repro` runs: every stage runs, a second repro is a no-op, both give byte-identical
 # outputs, `dvc exp run` reruns exactly the downstream stages) and the scheduler-triggered Airflow
-# run. Two pytest workers, one test file each at a time: most of the end-to-end time is single-
-# threaded process start-up, so the Airflow run and the unit tests fill the second core.
+# runs (SQLite + LocalExecutor, and side by side PostgreSQL + Celery where those services run).
+# Two pytest workers, one test file each at a time: most of the end-to-end time is single-
+# threaded process start-up, so the Airflow runs and the unit tests fill the second core.
 # `test-full` adds the default-params run (the demo, marker `demo`).
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
@@ -66,9 +67,12 @@ gpu-check: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Local Airflow 3 (SQLite + LocalExecutor on 127.0.0.1, state in airflow_home/): see scripts/airflow_local.sh
+# Local Airflow 3 on 127.0.0.1, state in airflow_home/ (scripts/airflow_local.sh; settings in
+# deploy/airflow.env, which docker-compose.yml reads too). AIRFLOW_STACK=local (default): SQLite +
+# LocalExecutor; AIRFLOW_STACK=celery: this machine's PostgreSQL (database airflow_uniter, created
+# if missing) + Redis broker + two Celery workers. airflow-stop/-trigger act on the stack started last.
 airflow: $(STAMP)
-	bash scripts/airflow_local.sh start
+	AIRFLOW_STACK=$(AIRFLOW_STACK) bash scripts/airflow_local.sh start
 
 airflow-stop:
 	bash scripts/airflow_local.sh stop

@@ -1,31 +1,49 @@
 #!/usr/bin/env bash
-# A local Airflow 3 for the uniter_pretraining DAG: SQLite + LocalExecutor, everything bound to
-# 127.0.0.1, state under $AIRFLOW_HOME (default: <repo>/airflow_home, gitignored).
+# A local Airflow 3 for the uniter_pretraining DAG, everything bound to 127.0.0.1, state under
+# $AIRFLOW_HOME (default: <repo>/airflow_home, gitignored). Two stacks (AIRFLOW_STACK):
+#   local  (default) SQLite + LocalExecutor: the scheduler runs the tasks
+#   celery           PostgreSQL + CeleryExecutor + Redis broker, as docker-compose.yml: this machine's
+#                    services on 127.0.0.1 (database created if missing) and AIRFLOW_CELERY_WORKERS
+#                    Celery workers (2), named worker<i>@<host> (task instances record that name)
+# Settings (executor, parallelism, pools, connections): deploy/airflow.env, which docker-compose.yml
+# reads too; a variable set in the environment wins over the file.
 #
-#   scripts/airflow_local.sh start            # db migrate, `gpu` pool, api-server + scheduler + dag-processor
+#   scripts/airflow_local.sh start            # db migrate, `gpu` pool, api-server + scheduler + dag-processor (+ workers)
 #   scripts/airflow_local.sh trigger '{...}' [RUN_ID]  # trigger uniter_pretraining with a conf; prints the run id:
 #                                             # RUN_ID, else the conf's run_name, else manual__<UTC time>
 #   scripts/airflow_local.sh wait RUN_ID [S]  # wait until the run succeeds (exit 0) or fails (exit 1)
 #   scripts/airflow_local.sh status           # which processes run, the last runs
 #   scripts/airflow_local.sh stop             # stop what `start` started
+#   scripts/airflow_local.sh kill-worker N    # SIGKILL Celery worker N's whole process group (a lost host)
 #
-# Environment: AIRFLOW_HOME, AIRFLOW_PORT (8080), AIRFLOW_GPU_SLOTS (1: CPU machines run one
-# extraction/training task at a time), AIRFLOW_START_TIMEOUT (180 s for the DAG to be parsed),
-# AIRFLOW_LOCAL_DRY_RUN=1 (`trigger` prints the airflow command to stderr and the run id, and triggers nothing).
-# docker-compose.yml runs the same DAG folder with the same executor default against Postgres.
+# Environment: AIRFLOW_STACK (local | celery; later commands default to the one `start` used),
+# AIRFLOW_HOME, AIRFLOW_PORT (8080), AIRFLOW_GPU_SLOTS (deploy/airflow.env), AIRFLOW_CELERY_WORKERS (2),
+# AIRFLOW_START_TIMEOUT (180 s for the DAG to be parsed), AIRFLOW_LOCAL_DRY_RUN=1 (`trigger` prints
+# the airflow command to stderr and the run id, and triggers nothing).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SETTINGS="$REPO/deploy/airflow.env"
 DAG_ID=uniter_pretraining
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$REPO/airflow_home}"
 PORT="${AIRFLOW_PORT:-8080}"
-GPU_SLOTS="${AIRFLOW_GPU_SLOTS:-1}"
 START_TIMEOUT="${AIRFLOW_START_TIMEOUT:-180}"
 PIDS="$AIRFLOW_HOME/pids"
 LOGS="$AIRFLOW_HOME/logs"
-PROCS=(api-server scheduler dag-processor)
 
 mkdir -p "$AIRFLOW_HOME" "$PIDS" "$LOGS"
+STACK="${AIRFLOW_STACK:-$(cat "$AIRFLOW_HOME/stack" 2>/dev/null || echo local)}"
+case "$STACK" in local|celery) ;; *) echo "AIRFLOW_STACK=$STACK: expected local or celery" >&2; exit 2 ;; esac
+WORKERS="${AIRFLOW_CELERY_WORKERS:-2}"
+PROCS=(api-server scheduler dag-processor)
+if [[ "$STACK" == celery ]]; then for i in $(seq 1 "$WORKERS"); do PROCS+=("worker$i"); done; fi
+
+# deploy/airflow.env: KEY=VALUE lines, exported unless the environment sets the key already
+while IFS= read -r line; do
+  [[ "$line" =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] || continue
+  [[ -n "${!BASH_REMATCH[1]+set}" ]] || export "${BASH_REMATCH[1]}=${BASH_REMATCH[2]}"
+done < "$SETTINGS"
+GPU_SLOTS="$AIRFLOW_GPU_SLOTS"
 # the venv's bin first: tasks run `python -m pipeline ...` and the executor starts `airflow` itself
 if [[ -x "$REPO/.venv/bin/airflow" ]]; then export PATH="$REPO/.venv/bin:$PATH"; fi
 
@@ -35,17 +53,16 @@ if [[ ! -s "$AIRFLOW_HOME/jwt_secret" ]]; then
 fi
 export AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$AIRFLOW_HOME/jwt_secret")"
 export AIRFLOW__CORE__DAGS_FOLDER="$REPO/dags"
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
-export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-2}"
-export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-sqlite:///$AIRFLOW_HOME/airflow.db}"
+if [[ "$STACK" == local ]]; then  # the embedded stack: no services needed
+  export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+fi
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT="$PORT"
 export AIRFLOW__API__BASE_URL="http://127.0.0.1:$PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$PORT/execution/"
 # local only (bound to 127.0.0.1): no login for the UI
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
-export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-10}"
 export AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK=False
 export DVC_NO_ANALYTICS=1 DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}" HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$REPO/.cache/torch_extensions}"
@@ -61,13 +78,59 @@ start_proc() {
   echo "started $name (pid $!, log $LOGS/$name.log)"
 }
 
+# The Celery stack's services: the broker answers, the metadata database exists (created if not).
+# Exits 3 naming the service that is missing.
+check_services() {
+  python - <<'PY' || exit 3
+import os, socket, sys
+from urllib.parse import urlsplit
+broker = urlsplit(os.environ["AIRFLOW__CELERY__BROKER_URL"])
+try:
+    with socket.create_connection((broker.hostname, broker.port or 6379), timeout=5) as s:
+        s.sendall(b"PING\r\n")
+        if not s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+            raise OSError("no PONG")
+except OSError as err:
+    sys.exit(f"Redis (the Celery broker) not reachable at {broker.hostname}:{broker.port}: {err}")
+import psycopg2
+db = urlsplit(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+name = db.path.lstrip("/")
+try:
+    conn = psycopg2.connect(host=db.hostname, port=db.port or 5432, user=db.username, password=db.password,
+                            dbname="postgres", connect_timeout=5)
+except psycopg2.OperationalError as err:
+    sys.exit(f"PostgreSQL not reachable at {db.hostname}:{db.port}: {err}")
+conn.autocommit = True
+with conn.cursor() as cur:
+    cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+    if cur.fetchone() is None:
+        cur.execute(f'CREATE DATABASE "{name}"')
+        print(f"created PostgreSQL database {name}")
+conn.close()
+PY
+}
+
+start_workers() {
+  local i host
+  host="$(hostname)"
+  for i in $(seq 1 "$WORKERS"); do
+    # the task processes report the worker's name as their hostname (pipeline.gpu_alloc.worker_host)
+    UNITER_WORKER_NAME="worker$i@$host" AIRFLOW__CORE__HOSTNAME_CALLABLE=pipeline.gpu_alloc.worker_host \
+      start_proc "worker$i" celery worker -H "worker$i@$host" --skip-serve-logs \
+      -c "$AIRFLOW__CELERY__WORKER_CONCURRENCY"
+  done
+}
+
 cmd_start() {
   cd "$REPO"
+  echo "$STACK" > "$AIRFLOW_HOME/stack"
+  if [[ "$STACK" == celery ]]; then check_services; fi
   airflow db migrate >>"$LOGS/db-migrate.log" 2>&1
   airflow pools set gpu "$GPU_SLOTS" "extraction and training tasks (one per accelerator)" >/dev/null
   start_proc api-server api-server -H 127.0.0.1 -p "$PORT"
   start_proc scheduler scheduler --skip-serve-logs
   start_proc dag-processor dag-processor
+  if [[ "$STACK" == celery ]]; then start_workers; fi
   local deadline=$((SECONDS + START_TIMEOUT))
   # new DAGs start paused: wait until the dag-processor has stored it, then unpause it
   until airflow dags list -o plain 2>/dev/null | grep -qw "$DAG_ID"; do
@@ -82,11 +145,14 @@ cmd_start() {
     (( SECONDS < deadline )) || { echo "api-server not healthy within ${START_TIMEOUT}s" >&2; exit 1; }
     sleep 2
   done
-  echo "Airflow is up: http://127.0.0.1:$PORT ($DAG_ID unpaused, AIRFLOW_HOME=$AIRFLOW_HOME)"
+  echo "Airflow is up ($STACK stack, $AIRFLOW__CORE__EXECUTOR): http://127.0.0.1:$PORT ($DAG_ID unpaused, AIRFLOW_HOME=$AIRFLOW_HOME)"
 }
 
 cmd_stop() {
-  for name in "${PROCS[@]}"; do
+  local name
+  for pid_file in "$PIDS"/*.pid; do  # whatever `start` started, of either stack
+    [[ -e "$pid_file" ]] || continue
+    name="$(basename "$pid_file" .pid)"
     if running "$name"; then
       local pid; pid="$(cat "$PIDS/$name.pid")"
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
@@ -132,9 +198,8 @@ cmd_trigger() {
 }
 
 run_state() {
-  # With SQLite, read the run's state straight from the metadata DB: each `airflow` CLI call costs
-  # seconds of CPU that the running tasks need. Other databases go through the CLI, which logs
-  # warnings on stdout too: its JSON is the line that starts with '['.
+  # Read the run's state straight from the metadata DB (SQLite or PostgreSQL): each `airflow` CLI
+  # call costs seconds of CPU that the running tasks need.
   local conn="$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
   if [[ "$conn" == sqlite:///* ]]; then
     python - "${conn#sqlite:///}" "$DAG_ID" "$1" <<'PY'
@@ -145,11 +210,17 @@ print(row[0] if row and row[0] else "unknown")
 PY
     return
   fi
-  airflow dags list-runs "$DAG_ID" -o json 2>/dev/null | python -c "
-import json, sys
-lines = [l for l in sys.stdin.read().splitlines() if l.startswith('[')]
-runs = json.loads(lines[-1]) if lines else []
-print(next((r['state'] for r in runs if r['run_id'] == sys.argv[1]), 'unknown'))" "$1"
+  python - "$conn" "$DAG_ID" "$1" <<'PY'
+import sys
+from urllib.parse import urlsplit
+import psycopg2
+db = urlsplit(sys.argv[1])
+with psycopg2.connect(host=db.hostname, port=db.port or 5432, user=db.username, password=db.password,
+                      dbname=db.path.lstrip("/"), connect_timeout=10) as conn, conn.cursor() as cur:
+    cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND run_id = %s", sys.argv[2:4])
+    row = cur.fetchone()
+print(row[0] if row and row[0] else "unknown")
+PY
 }
 
 cmd_wait() {
@@ -167,6 +238,14 @@ cmd_wait() {
   return 1
 }
 
+cmd_kill_worker() {
+  local name="worker${1:?usage: kill-worker N}"
+  running "$name" || { echo "$name is not running" >&2; exit 1; }
+  kill -KILL -- "-$(cat "$PIDS/$name.pid")"
+  rm -f "$PIDS/$name.pid"
+  echo "killed $name (SIGKILL to its process group)"
+}
+
 cmd_status() {
   for name in "${PROCS[@]}"; do
     if running "$name"; then echo "$name: running (pid $(cat "$PIDS/$name.pid"))"; else echo "$name: stopped"; fi
@@ -180,6 +259,7 @@ case "${1:-}" in
   trigger) shift; cmd_trigger "$@" ;;
   wait) shift; cmd_wait "$@" ;;
   status) cmd_status ;;
+  kill-worker) shift; cmd_kill_worker "$@" ;;
   env) env | grep -E '^(AIRFLOW|PATH=)' | sort ;;
-  *) echo "usage: $0 start|stop|trigger [CONF [RUN_ID]]|wait RUN_ID [TIMEOUT_S]|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|trigger [CONF [RUN_ID]]|wait RUN_ID [TIMEOUT_S]|status|kill-worker N|env" >&2; exit 2 ;;
 esac

@@ -1,12 +1,15 @@
 """docker-compose.yml and Dockerfile, checked by parsing (no Docker engine here): the services and
-their health checks, secrets only from .env, mounts, GPU reservations, and agreement with the
-local stack of `make airflow` (scripts/airflow_local.sh): same DAG folder, executor, parallelism,
-`gpu` pool."""
+their health checks, secrets only from .env, mounts, GPU reservations, and one settings source with
+the Celery stack of `make airflow AIRFLOW_STACK=celery` (deploy/airflow.env: executor, parallelism,
+pools, connections), which scripts/airflow_local.sh really reads (tests/dags run that stack)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -16,6 +19,7 @@ COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
 COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
 LOCAL_SCRIPT = (ROOT / "scripts/airflow_local.sh").read_text()
+SETTINGS_PATH = "deploy/airflow.env"
 AIRFLOW_SERVICES = {"airflow-apiserver": "api-server", "airflow-scheduler": "scheduler",
                     "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer",
                     "airflow-worker": "celery"}
@@ -37,27 +41,27 @@ def volume_target_source(spec: str) -> tuple[str, str]:
     return m.group(2), m.group(1)
 
 
-def local_export(name: str) -> str:
-    """The value scripts/airflow_local.sh exports for ``name`` (its own default when it has one)."""
-    m = re.search(rf'^export {name}=(.*)$', LOCAL_SCRIPT, re.M)
-    assert m, f"scripts/airflow_local.sh does not export {name}"
-    value = m.group(1).strip('"')
-    inner = re.fullmatch(r"\$\{\w+:-([^}]*)\}", value)
-    return inner.group(1) if inner else value
-
-
-def env_file_keys() -> dict[str, str]:
-    pairs = [line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+def env_file_keys(path: str = ".env.example") -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in (ROOT / path).read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     return {k.strip(): v.strip() for k, v in pairs}
 
 
+def script_env(stack: str, tmp_path: Path) -> dict[str, str]:
+    """What scripts/airflow_local.sh exports for a stack (its `env` command), with an environment
+    that sets none of the settings' keys."""
+    settings = env_file_keys(SETTINGS_PATH)
+    env = {k: v for k, v in os.environ.items() if k not in settings and not k.startswith("AIRFLOW")}
+    env.update(AIRFLOW_STACK=stack, AIRFLOW_HOME=str(tmp_path))
+    out = subprocess.run(["bash", str(ROOT / "scripts/airflow_local.sh"), "env"], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
 def test_services_of_the_design_exist_with_celery_optional():
     assert {"postgres", "airflow-init", *AIRFLOW_SERVICES} <= set(SERVICES)
-    assert SERVICES["redis"]["profiles"] == ["celery"] and SERVICES["airflow-worker"]["profiles"] == ["celery"]
-    for name in ["postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-                 "airflow-triggerer"]:
-        assert "profiles" not in SERVICES[name], f"{name} must run without a profile"
+    for name in LONG_RUNNING + ["airflow-init"]:
+        assert "profiles" not in SERVICES[name], f"{name} must run without a profile: the stack is Celery's"
     for name, command in AIRFLOW_SERVICES.items():
         assert SERVICES[name]["command"][0] == command, name
         assert SERVICES[name]["image"] == SERVICES["airflow-init"]["image"], "one image for every Airflow service"
@@ -71,6 +75,7 @@ def test_every_long_running_service_has_a_healthcheck_and_order_follows_health()
     for name in AIRFLOW_SERVICES:
         deps = SERVICES[name]["depends_on"]
         assert deps["postgres"]["condition"] == "service_healthy", name
+        assert deps["redis"]["condition"] == "service_healthy", name
         assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
     assert SERVICES["airflow-worker"]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert SERVICES["airflow-init"]["restart"] == "no"
@@ -103,22 +108,42 @@ def test_project_data_and_runs_are_mounted_where_the_dag_folder_points():
         assert service["environment"]["AIRFLOW__CORE__DAGS_FOLDER"] == f"{PROJECT}/dags"
 
 
-def test_same_dag_folder_executor_parallelism_and_pool_as_the_local_stack():
-    env = SERVICES["airflow-scheduler"]["environment"]
-    assert local_export("AIRFLOW__CORE__DAGS_FOLDER") == "$REPO/dags"  # . is mounted at /opt/uniter
-    assert interpolation_default(env["AIRFLOW__CORE__EXECUTOR"]) == local_export("AIRFLOW__CORE__EXECUTOR")
-    assert interpolation_default(env["AIRFLOW__CORE__PARALLELISM"]) == local_export("AIRFLOW__CORE__PARALLELISM")
-    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == local_export("AIRFLOW__CORE__LOAD_EXAMPLES")
-    init = " ".join(SERVICES["airflow-init"]["command"])
-    pool = re.search(r'pools set gpu "\$\{AIRFLOW_GPU_SLOTS:-(\d+)\}"', init)
-    assert pool and pool.group(1) == re.search(r"AIRFLOW_GPU_SLOTS:-(\d+)", LOCAL_SCRIPT).group(1)
-    assert "airflow pools set gpu" in LOCAL_SCRIPT and "airflow db migrate" in init
+def test_one_settings_file_for_compose_and_the_local_celery_stack(tmp_path):
+    """deploy/airflow.env: every Airflow service reads it, compose redefines none of its keys but the
+    connections (own hosts, .env's passwords; same drivers and database), and the script exports
+    exactly its values for the Celery stack (the local stack: LocalExecutor on SQLite instead)."""
+    settings = env_file_keys(SETTINGS_PATH)
+    assert settings["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    for key, value in settings.items():  # literal values: compose's env_file and the script read them alike
+        assert not re.search(r"[\"'$\s#]", value), f"{SETTINGS_PATH}: {key} must be a literal value"
+    connections = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__BROKER_URL", "AIRFLOW__CELERY__RESULT_BACKEND"}
+    assert connections <= set(settings)
+    for name in [*AIRFLOW_SERVICES, "airflow-init"]:
+        service = SERVICES[name]
+        assert service["env_file"] == [SETTINGS_PATH], name
+        assert set(service["environment"]) & set(settings) <= connections, f"{name} redefines a setting"
+        for key in connections:
+            # compose's value with its defaults filled in and its required values as "x"
+            resolved = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", service["environment"][key])
+            theirs, ours = urlsplit(re.sub(r"\$\{[^}]*\}", "x", resolved)), urlsplit(settings[key])
+            assert (ours.scheme, ours.path) == (theirs.scheme, theirs.path), key
+    assert 'SETTINGS="$REPO/' + SETTINGS_PATH + '"' in LOCAL_SCRIPT
+    celery = script_env("celery", tmp_path)
+    assert {k: celery[k] for k in settings} == settings
+    assert celery["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")  # . is mounted at /opt/uniter/dags
+    local = script_env("local", tmp_path)
+    assert local["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert local["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow.db"
+    assert local["AIRFLOW__CORE__PARALLELISM"] == settings["AIRFLOW__CORE__PARALLELISM"]
+    init = " ".join(SERVICES["airflow-init"]["command"])  # the pool's slots: the container's variable, from the file
+    assert 'pools set gpu "$${AIRFLOW_GPU_SLOTS}"' in init and "airflow db migrate" in init
+    assert 'airflow pools set gpu "$GPU_SLOTS"' in LOCAL_SCRIPT and 'GPU_SLOTS="$AIRFLOW_GPU_SLOTS"' in LOCAL_SCRIPT
 
 
-@pytest.mark.parametrize("name", ["airflow-scheduler", "airflow-worker"])
-def test_the_services_that_run_tasks_reserve_gpus(name):
-    devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+def test_the_services_that_run_tasks_reserve_gpus():
+    devices = SERVICES["airflow-worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices)
+    assert "deploy" not in SERVICES["airflow-scheduler"], "the CeleryExecutor's scheduler runs no task"
 
 
 def test_ui_is_published_on_localhost_only():
@@ -153,7 +178,6 @@ def test_the_login_password_comes_from_env_into_the_file_the_api_server_reads(tm
     assert "AIRFLOW_ADMIN_PASSWORD" in env_file_keys()
     for name, service in SERVICES.items():  # only the service that serves the login holds the password
         assert name == "airflow-apiserver" or "AIRFLOW_ADMIN_PASSWORD" not in service.get("environment", {}), name
-    assert env["AIRFLOW__CORE__EXECUTOR"] == SERVICES["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"]
     spec = importlib.util.find_spec("airflow")  # the config key is Airflow's own (read without importing it)
     if spec is not None:
         template = Path(spec.submodule_search_locations[0]) / "config_templates/config.yml"
