@@ -36,7 +36,9 @@ class MiniWorldConfig:
     captions_per_image: int = bounded(5, 1, 100)
     max_objects: int = bounded(5, 1, 100)
     n_planted_each: int = bounded(6, 1, 1000)
-    n_vqa_test: int = bounded(50, 1, MAX_COUNT)  # COCO test2015 images carrying the VQA test questions
+    # COCO test2015 images carrying the VQA test questions: about as many as VQA val has (~130 images),
+    # so a test score is as precise as the dev score choices are made on
+    n_vqa_test: int = bounded(130, 1, MAX_COUNT)
     vqa_questions_per_image: int = bounded(3, 1, 100)
     # COCO train2014 images with RefCOCO+ refs (val/testA/testB ~10% each)
     n_refcoco_images: int = bounded(120, 1, MAX_COUNT)
@@ -106,6 +108,9 @@ class VqaSource:
     questions_test: Path = must_exist()
     annotations_train: Path = must_exist()
     annotations_val: Path = must_exist()
+    # the test answers as an evaluation server holds them (the mini world writes one under eval_server/);
+    # null on real data, whose test answers are not public: the test split is then predicted, not scored
+    annotations_test: Path | None = must_exist(None)
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ class VcrSource:
     val: Path = must_exist()
     test: Path = must_exist()
     image_root: Path = must_exist()
+    # the test labels as the leaderboard holds them (jsonl of annot_id, answer_label, rationale_label;
+    # the mini world writes one under eval_server/); null on real data: test is predicted, not scored
+    test_labels: Path | None = must_exist(None)
 
 
 @dataclass(frozen=True)

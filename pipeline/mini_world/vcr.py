@@ -1,5 +1,9 @@
 """VCR: jsonl per split (question/answers/rationales as token lists mixed with object-index lists),
-images under ``vcr1images/<movie>/`` with a metadata json (boxes, names) beside each image."""
+images under ``vcr1images/<movie>/`` with a metadata json (boxes, names) beside each image.
+
+The released test file has no labels; they are written apart, to ``vcr/eval_server/test_labels.jsonl``
+(``annot_id``, ``answer_label``, ``rationale_label``), standing in for the leaderboard that holds
+real VCR test labels (``sources.vcr.test_labels``)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from pipeline.mini_world.world import World, distinct_draws, insert_randomly, sp
 # two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin (docs/experiments.md).
 QUESTIONS_PER_IMAGE = 6
 IMAGES_PER_MOVIE = 5
+TEST_LABELS = "vcr/eval_server/test_labels.jsonl"
+LABEL_KEYS = ("answer_label", "rationale_label")
 
 
 def write_vcr(world: World) -> None:
@@ -19,6 +25,7 @@ def write_vcr(world: World) -> None:
     text_rng = world.rng("vcr_questions")  # its own stream: the number of questions leaves the images as they are
     splits = split_plan(rng, cfg.n_vcr, {"val": 0.15, "test": 0.15}, "train")
     lines: dict[str, list[bytes]] = {s: [] for s in ("train", "val", "test")}
+    test_labels: list[bytes] = []
     train_images = []
     for idx, split in enumerate(splits):
         movie_no = 3000 + idx // IMAGES_PER_MOVIE
@@ -44,13 +51,14 @@ def write_vcr(world: World) -> None:
                    "metadata_fn": metadata_fn, "movie": movie, "objects": [o.shape for o in objs],
                    "question": item.question, "question_number": q, "rationale_choices": item.rationales,
                    "rationale_label": item.rationale_label}
-            if split == "test":  # labels are withheld in the released test file
-                del row["answer_label"], row["rationale_label"]
+            if split == "test":  # labels are withheld in the released test file: the leaderboard has them
+                test_labels.append(_line({"annot_id": row["annot_id"], **{k: row.pop(k) for k in LABEL_KEYS}}))
             lines[split].append(_line(row))
     _plant_defects(world, rng, lines, train_images)
     for split, rows in lines.items():
         world.write_lines(f"vcr/{split}.jsonl", rows)
         world.counts[f"vcr_{split}_questions"] = len(rows)
+    world.write_lines(TEST_LABELS, test_labels)
 
 
 def _plant_defects(world: World, rng, lines: dict[str, list[bytes]], train_images: list[str]) -> None:

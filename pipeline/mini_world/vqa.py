@@ -1,5 +1,9 @@
 """VQA v2: questions and annotations (10 answers each) on COCO train2014/val2014 images, and a
-test2015 questions file on the COCO test2015 images (no annotations, as released)."""
+test2015 questions file on the COCO test2015 images (no annotations, as released).
+
+The test answers exist too, in the val format, but apart: ``vqa/eval_server/`` stands in for the
+evaluation server that holds real VQA test answers (``sources.vqa.annotations_test``), so the
+pipeline can score the test split here and must do without it on real data."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pipeline.mini_world.task_text import vqa_answers, vqa_question
 from pipeline.mini_world.world import World
 
 SUBTYPE = {"train": "train2014", "val": "val2014", "test": "test2015"}  # split -> file name part
+EVAL_SERVER = "vqa/eval_server"  # the test answers, outside the released files
 
 
 def _questions_doc(subtype: str, questions: list[dict]) -> dict:
@@ -51,18 +56,17 @@ def write_vqa(world: World) -> None:
                 seen.add(item.question)
                 qid = image_id * 1000 + k
                 questions.append({"image_id": image_id, "question": item.question, "question_id": qid})
-                if split != "test":
-                    annotations.append(_annotation(rng, item, image_id, qid))
+                annotations.append(_annotation(rng, item, image_id, qid))
             world.use(key, "vqa", split)
         subtype = SUBTYPE[split]
         if split == "train":
             _plant_defects(world, rng, questions)
         world.write_json(f"vqa/v2_OpenEnded_mscoco_{subtype}_questions.json", _questions_doc(subtype, questions))
-        if split != "test":
-            world.write_json(f"vqa/v2_mscoco_{subtype}_annotations.json", {
-                "annotations": annotations, "data_subtype": subtype, "data_type": "mscoco",
-                "info": {"description": "mini world VQA v2", "version": "2.0", "year": 2017},
-                "license": {"name": "Mini World License", "url": "https://example.org"}})
+        folder = EVAL_SERVER if split == "test" else "vqa"
+        world.write_json(f"{folder}/v2_mscoco_{subtype}_annotations.json", {
+            "annotations": annotations, "data_subtype": subtype, "data_type": "mscoco",
+            "info": {"description": "mini world VQA v2", "version": "2.0", "year": 2017},
+            "license": {"name": "Mini World License", "url": "https://example.org"}})
         world.counts[f"vqa_{split}_questions"] = len(questions)
 
 

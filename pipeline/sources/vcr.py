@@ -3,7 +3,9 @@
 Question, answers and rationales are token lists mixing words and lists of object indices
 (``["What", "is", [0], "doing", "?"]``); they are kept verbatim as JSON strings. ``text`` renders
 the question with each index as the object's name and number (``person0``). Train/val lines need
-``answer_label``/``rationale_label`` in range; test labels are null. Images:
+``answer_label``/``rationale_label`` in range; test labels are null, unless ``sources.vcr.test_labels``
+names a file of them as the leaderboard holds them (jsonl: ``annot_id``, ``answer_label``,
+``rationale_label``; the mini world writes one): each test line then takes its labels from it. Images:
 ``<image_root>/<img_fn>`` plus ``<image_root>/<metadata_fn>`` (checked with the images).
 """
 
@@ -37,7 +39,27 @@ N_CHOICES = 4
 
 
 def input_files(sources) -> dict[str, Path]:
-    return {"train": sources.vcr.train, "val": sources.vcr.val, "test": sources.vcr.test}
+    src = sources.vcr
+    files = {"train": src.train, "val": src.val, "test": src.test, "test_labels": src.test_labels}
+    return {k: v for k, v in files.items() if v is not None}
+
+
+def read_test_labels(path: Path, ctx: ReadContext) -> dict[str, dict]:
+    """{annot_id: {"answer_label", "rationale_label"}} of a test-label file; a bad line raises,
+    naming the file and line (the file is ground truth: nothing in it may be dropped silently)."""
+    out: dict[str, dict] = {}
+    for item in jsonl_records(path, ctx, "vcr test labels"):
+        if isinstance(item, Reject):
+            raise ValueError(f"{path}: {item.locator}: {item.detail}")
+        locator, record, _ = item
+        problem = missing_keys(record, ("annot_id", "answer_label", "rationale_label"))
+        if problem or not isinstance(record["annot_id"], str):
+            raise ValueError(f"{path}: {locator}: expected annot_id (string), answer_label and rationale_label, "
+                             f"got {sorted(record) if isinstance(record, dict) else type(record).__name__}")
+        if record["annot_id"] in out:
+            raise ValueError(f"{path}: {locator}: annot_id {record['annot_id']!r} appears twice")
+        out[record["annot_id"]] = {k: record[k] for k in ("answer_label", "rationale_label")}
+    return out
 
 
 def _tokens_problem(tokens: Any, n_objects: int, name: str) -> Problem | None:
@@ -107,6 +129,7 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
     """One Row or Reject per line of train, val and test (locator ``line N``)."""
     src = ctx.sources.vcr
     root = Path(src.image_root)
+    test_labels = read_test_labels(Path(src.test_labels), ctx) if src.test_labels is not None else None
     for split, path in (("train", src.train), ("val", src.val), ("test", src.test)):
         source = str(path)
         for item in jsonl_records(Path(path), ctx, f"vcr {split}"):
@@ -114,7 +137,10 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
                 yield item
                 continue
             locator, record, line = item
-            found = _record(record, split != "test", ctx)
+            labelled = split != "test" or test_labels is not None
+            if split == "test" and test_labels is not None and isinstance(record, dict):
+                record = {**record, **test_labels.get(record.get("annot_id"), {})}  # type: ignore[arg-type]
+            found = _record(record, labelled, ctx)
             if isinstance(found, tuple):
                 yield Reject(found[0], found[1], line, source, locator)
                 continue

@@ -1,7 +1,9 @@
 """VQA v2: ``v2_OpenEnded_mscoco_<subtype>_questions.json`` + ``v2_mscoco_<subtype>_annotations.json``.
 
 One manifest row per question (locator ``questions[i]``), joined with its annotation by
-``question_id`` for train/val (test has no annotations: answer columns are null). ``answers``
+``question_id`` for train/val. Real test answers are not public (answer columns null); with
+``sources.vqa.annotations_test`` (``v2_mscoco_test2015_annotations.json`` in the val format, as an
+evaluation server holds it: the mini world writes one) test questions are joined with it too. ``answers``
 are the 10 raw human answers; a question whose annotation does not have exactly 10 string
 answers is ``bad_label``. Images are COCO images:
 ``<coco image_root>/<subtype>/COCO_<subtype>_<image_id:012d>.jpg`` with subtype the questions
@@ -37,9 +39,10 @@ DEFAULT_SUBTYPES = {"train": "train2014", "val": "val2014", "test": "test2015"}
 
 def input_files(sources) -> dict[str, Path]:
     src = sources.vqa
-    return {"questions_train": src.questions_train, "questions_val": src.questions_val,
-            "questions_test": src.questions_test, "annotations_train": src.annotations_train,
-            "annotations_val": src.annotations_val}
+    files = {"questions_train": src.questions_train, "questions_val": src.questions_val,
+             "questions_test": src.questions_test, "annotations_train": src.annotations_train,
+             "annotations_val": src.annotations_val, "annotations_test": src.annotations_test}
+    return {k: v for k, v in files.items() if v is not None}
 
 
 def _answers(ann: Mapping) -> Problem | dict:
@@ -80,7 +83,7 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
     src = ctx.sources.vqa
     coco_root = Path(ctx.sources.coco.image_root)
     files = (("train", src.questions_train, src.annotations_train), ("val", src.questions_val, src.annotations_val),
-             ("test", src.questions_test, None))
+             ("test", src.questions_test, src.annotations_test))
     for split, q_path, a_path in files:
         q_path = Path(q_path)
         doc, clean = load_json(q_path)

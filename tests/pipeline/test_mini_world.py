@@ -195,11 +195,13 @@ def test_coco_instances_are_the_scene_objects(world_dir, scenes):
 
 
 def test_vqa_answers_follow_from_the_scene(world_dir, scenes, planted):
-    for subtype in ("train2014", "val2014"):
+    """Train and val annotations as released, test ones from the stand-in evaluation server."""
+    for subtype, folder in (("train2014", "vqa"), ("val2014", "vqa"), ("test2015", "vqa/eval_server")):
         rel = f"vqa/v2_OpenEnded_mscoco_{subtype}_questions.json"
         qs = json.loads((world_dir / rel).read_text())["questions"]
-        anns = json.loads((world_dir / f"vqa/v2_mscoco_{subtype}_annotations.json").read_text())["annotations"]
+        anns = json.loads((world_dir / f"{folder}/v2_mscoco_{subtype}_annotations.json").read_text())["annotations"]
         by_qid = {a["question_id"]: a for a in anns}
+        assert len(by_qid) == len(anns) and {a["image_id"] for a in anns} <= {q["image_id"] for q in qs}
         bad = {d["locator"] for d in planted["defects"] if d["file"] == rel}
         assert len(bad) == (2 if subtype == "train2014" else 0)
         checked = Counter()
@@ -226,7 +228,10 @@ def test_vqa_answers_follow_from_the_scene(world_dir, scenes, planted):
             checked[a["answer_type"]] += 1
             agree = sum(x["answer"] == mc for x in a["answers"])
             assert agree >= 6
-        assert checked["number"] > 10 and checked["yes/no"] > 10 and checked["other"] > 3
+        if subtype == "test2015":  # every test question has its answers there
+            assert len(anns) == len(qs) and sum(checked.values()) > len(qs) / 2
+        else:
+            assert checked["number"] > 10 and checked["yes/no"] > 10 and checked["other"] > 3
     # annotators mostly agree, but not always
     all_agree = [len({x["answer"] for x in a["answers"]}) == 1 for a in anns]
     assert 0.2 < sum(all_agree) / len(all_agree) < 0.9
@@ -392,7 +397,14 @@ def _relation(a: dict, b: dict) -> str:
 
 
 def test_vcr_right_choices_agree_with_the_boxes(world_dir, scenes, planted):
-    rows = _jsonl(world_dir, "vcr/train.jsonl", planted) + _jsonl(world_dir, "vcr/val.jsonl", planted)
+    """Train and val labels as released; test labels only in the stand-in leaderboard's file."""
+    test = _jsonl(world_dir, "vcr/test.jsonl", planted)
+    labels = {r["annot_id"]: r for r in _jsonl(world_dir, "vcr/eval_server/test_labels.jsonl", planted)}
+    assert test and sorted(labels) == sorted(r["annot_id"] for r in test)
+    assert not any("answer_label" in r or "rationale_label" in r for r in test)
+    assert all(set(r) == {"annot_id", "answer_label", "rationale_label"} for r in labels.values())
+    test = [r | labels[r["annot_id"]] for r in test]
+    rows = _jsonl(world_dir, "vcr/train.jsonl", planted) + _jsonl(world_dir, "vcr/val.jsonl", planted) + test
     kinds = Counter()
     for row in rows:
         if "answer_choices" not in row:

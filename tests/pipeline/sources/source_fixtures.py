@@ -89,6 +89,8 @@ def fixture_overrides(tmp_path: Path) -> list[str]:
         "refcoco": {"refs": refs, "instances": f / "refcoco/instances.json"},
     }
     out = [f"sources.{ds}.{key}={path}" for ds, keys in sources.items() for key, path in keys.items()]
+    # as on real data: no evaluation-server files (the VQA and VCR tests give them where they read them)
+    out += ["sources.vqa.annotations_test=null", "sources.vcr.test_labels=null"]
     return out + [f"paths.data={tmp_path / 'data'}", f"ingest.max_text_chars={MAX_TEXT_CHARS}"]
 
 

@@ -5,9 +5,20 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
+import pytest
 
+from pipeline.config import load_params
+from pipeline.sources import vqa as vqa_reader
 from pipeline.sources.nlvr2 import _pair_dir
-from source_fixtures import fates, ingest
+from source_fixtures import FIXTURES, REPO, fates, fixture_overrides, ingest
+
+VQA_SERVER = FIXTURES / "vqa/eval_server/v2_mscoco_test2015_annotations.json"
+VCR_SERVER = FIXTURES / "vcr/eval_server/test_labels.jsonl"
+
+
+def with_eval_server(tmp_path, *sets: str):
+    """The fixture params plus evaluation-server files (the mini world's stand-ins for the hidden test labels)."""
+    return load_params(REPO / "params.yaml", [*fixture_overrides(tmp_path), "world=real", *sets])
 
 
 def test_vqa(fixture_params):
@@ -36,6 +47,29 @@ def test_vqa(fixture_params):
     assert (result.rows_in, result.manifest_rows, result.rejected) == (13, 3, 10)
 
 
+def test_vqa_test_answers_from_the_evaluation_server_file(tmp_path):
+    """With ``annotations_test`` (val format) the test questions get their answers; nothing else changes."""
+    params = with_eval_server(tmp_path, f"sources.vqa.annotations_test={VQA_SERVER}")
+    result, manifest, rejects = ingest(params, "vqa")
+    assert manifest.example_id.tolist() == ["vqa:1000", "vqa:2000", "vqa:3000"] and len(rejects) == 10
+    test = pq.read_table(result.manifest_path).to_pylist()[2]
+    assert test["split"] == "test" and test["answers"] == ["yes"] * 8 + ["no"] * 2
+    assert (test["multiple_choice_answer"], test["answer_type"], test["question_type"]) == ("yes", "yes/no", "is the")
+    # the file is an input of the stage (its digest goes into _run.json); without it, it is not
+    assert vqa_reader.input_files(params.sources)["annotations_test"] == VQA_SERVER
+    assert "annotations_test" not in vqa_reader.input_files(with_eval_server(tmp_path).sources)
+
+
+def test_vqa_test_question_missing_from_the_evaluation_server_file_is_rejected(tmp_path):
+    doc = json.loads(VQA_SERVER.read_text())
+    doc["annotations"] = [a for a in doc["annotations"] if a["question_id"] != 3000]
+    (tmp_path / "server.json").write_text(json.dumps(doc))
+    _, manifest, rejects = ingest(with_eval_server(tmp_path, f"sources.vqa.annotations_test={tmp_path / 'server.json'}"),
+                                  "vqa")
+    assert "vqa:3000" not in manifest.example_id.tolist()
+    assert ("v2_OpenEnded_mscoco_test2015_questions.json", "questions[0]", "missing_field") in fates(rejects)
+
+
 def test_vcr(fixture_params):
     result, manifest, rejects = ingest(fixture_params, "vcr")
     assert fates(rejects) == [
@@ -62,6 +96,32 @@ def test_vcr(fixture_params):
     assert first.metadata_path.endswith("3001_21_JUMP_STREET_00.00.28.367-00.00.29.988@0.json")
     assert first.image_id == "lsmdc_3001_21_JUMP_STREET/3001_21_JUMP_STREET_00.00.28.367-00.00.29.988@0.jpg"
     assert (result.rows_in, result.manifest_rows, result.rejected) == (14, 3, 11)
+
+
+def test_vcr_test_labels_from_the_evaluation_server_file(tmp_path):
+    result, manifest, rejects = ingest(with_eval_server(tmp_path, f"sources.vcr.test_labels={VCR_SERVER}"), "vcr")
+    assert manifest.example_id.tolist() == ["vcr:train-0", "vcr:val-0", "vcr:test-0"] and len(rejects) == 11
+    table = pq.read_table(result.manifest_path)
+    assert table["answer_label"].to_pylist() == [0, 3, 2] and table["rationale_label"].to_pylist() == [0, 2, 1]
+
+
+@pytest.mark.parametrize("line, fate", [
+    ('{"annot_id": "test-9", "answer_label": 1, "rationale_label": 1}', "missing_field"),  # test-0 not in it
+    ('{"annot_id": "test-0", "answer_label": 4, "rationale_label": 1}', "bad_label"),  # 4 choices only
+])
+def test_vcr_test_line_without_good_labels_in_the_file_is_rejected(tmp_path, line, fate):
+    (tmp_path / "labels.jsonl").write_text(line + "\n")
+    _, manifest, rejects = ingest(with_eval_server(tmp_path, f"sources.vcr.test_labels={tmp_path / 'labels.jsonl'}"),
+                                  "vcr")
+    assert "vcr:test-0" not in manifest.example_id.tolist()
+    assert ("test.jsonl", "line 1", fate) in fates(rejects)
+
+
+def test_a_broken_vcr_test_label_file_names_file_and_line(tmp_path):
+    bad = tmp_path / "labels.jsonl"
+    bad.write_text('{"annot_id": "test-0", "answer_label": 1, "rationale_label": 1}\n{"annot_id": "test-1"}\n')
+    with pytest.raises(ValueError, match=r"labels.jsonl: line 2: expected annot_id"):
+        ingest(with_eval_server(tmp_path, f"sources.vcr.test_labels={bad}"), "vcr")
 
 
 def test_nlvr2(fixture_params):
