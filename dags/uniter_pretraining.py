@@ -151,6 +151,28 @@ def uniter_pretraining():
     def extract(run: dict, image_source: str) -> None:
         _run_gpu_stage(run, "extract", image_source)
 
+    def _extract_parts(run: dict) -> int:
+        """``extract.parts`` of the run's params (a trigger sets it through ``overrides``)."""
+        from pipeline.config import load_params
+
+        return load_params(runs.REPO_ROOT / run["params"], check_paths=False).extract.parts
+
+    @task
+    def extract_items(run: dict, sources: list[str]) -> list[str]:
+        """What ``extract`` maps over: the image sources, or with ``extract.parts`` = K > 1 each
+        source's K parts ``<source>:k/K``, each a task of its own (docs/scaling.md)."""
+        parts = _extract_parts(run)
+        return list(sources) if parts == 1 else [f"{s}:{k}/{parts}" for s in sources for k in range(1, parts + 1)]
+
+    @task
+    def merge_features(run: dict) -> None:
+        """With ``extract.parts`` > 1: each source's parts into its feature directory, the bytes one
+        task would write (links, no detector: no GPU needed). With 1 the extract tasks wrote them."""
+        if _extract_parts(run) > 1:
+            _run_stage(run, "extract")
+        else:
+            log.info("extract.parts is 1: each extract task wrote its source's features, nothing to merge")
+
     @task
     def build_dbs(run: dict) -> None:
         _run_stage(run, "build_dbs")
@@ -200,7 +222,8 @@ def uniter_pretraining():
     cleaned = decontaminate(run)
     detector = train_detector(run)
     sources = items.override(task_id="image_sources")(run, "image_sources")
-    features = extract.partial(run=run).expand(image_source=sources)
+    features = extract.partial(run=run).expand(image_source=extract_items(run, sources))
+    merged = merge_features(run)
     dbs = build_dbs(run)
     first = pretrain(run)
     second = pretrain_vcr(run)
@@ -212,7 +235,7 @@ def uniter_pretraining():
     done = record(run)
     world >> ingested >> cleaned >> features
     world >> detector >> features
-    features >> dbs >> first >> second >> tuned >> [table, curves] >> done
+    features >> merged >> dbs >> first >> second >> tuned >> [table, curves] >> done
     dbs >> ablation >> ablation_table >> done
     first >> ablation_table
 

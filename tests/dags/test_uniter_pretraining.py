@@ -18,8 +18,8 @@ import _uniter_runs as runs  # tests/dags/conftest.py puts dags/ on sys.path
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())
-CHAIN = ["prepare", "mini_world", "ingest", "decontaminate", "extract", "build_dbs", "pretrain", "pretrain_vcr",
-         "finetune", "results", "record"]
+CHAIN = ["prepare", "mini_world", "ingest", "decontaminate", "extract", "merge_features", "build_dbs", "pretrain",
+         "pretrain_vcr", "finetune", "results", "record"]
 GPU_TASKS = {"train_detector", "extract", "pretrain", "pretrain_masking", "pretrain_vcr", "finetune"}
 MAPPED = {"ingest": "dataset", "extract": "image_source", "finetune": "finetune_task"}
 
@@ -46,7 +46,7 @@ def test_dag_folder_imports_cleanly_and_holds_only_the_dag():
 def test_tasks_run_in_stage_order():
     dag = the_dag()
     assert set(dag.task_ids) == set(CHAIN) | {"train_detector", "pretrain_masking", "ablations", "plots",
-                                              "datasets", "image_sources", "tasks"}
+                                              "datasets", "image_sources", "extract_items", "tasks"}
     for before, after in zip(CHAIN, CHAIN[1:]):
         assert before in dag.get_task(after).get_flat_relative_ids(upstream=True), f"{before} must precede {after}"
     extract_upstream = dag.get_task("extract").get_flat_relative_ids(upstream=True)
@@ -95,6 +95,28 @@ def test_gpu_tasks_take_a_slot_per_gpu_and_run_on_allocated_devices(tmp_path):
                            repo_root=make_repo(tmp_path))
     assert run["gpus"] == {"train_detector": 1, "extract": 3, "pretrain": 2, "pretrain_masking": 2,
                            "pretrain_vcr": 2, "finetune": 1}
+
+
+def test_extraction_maps_over_each_source_s_parts_and_merges_before_build_dbs(tmp_path, monkeypatch):
+    """``extract.parts`` = K (a conf override) makes K extract tasks per source (docs/scaling.md) and
+    ``merge_features`` then runs the merge (``extract`` without ITEM); K = 1 maps over the sources."""
+    monkeypatch.setenv(runs.RUNS_DIR_ENV, str(tmp_path / "runs"))
+    dag = the_dag()
+    assert dag.get_task("extract_items").upstream_task_ids == {"prepare", "image_sources"}
+    assert dag.get_task("merge_features").upstream_task_ids == {"prepare", "extract"}
+    items = dag.get_task("extract_items").python_callable
+    merge = dag.get_task("merge_features").python_callable
+    root = make_repo(tmp_path)
+    one = runs.prepare_run({"run_name": "k1"}, "m", repo_root=root)
+    three = runs.prepare_run({"run_name": "k3", "overrides": {"extract.parts": 3}}, "m", repo_root=root)
+    assert items(one, ["coco", "cc"]) == ["coco", "cc"]
+    assert items(three, ["coco", "cc"]) == ["coco:1/3", "coco:2/3", "coco:3/3", "cc:1/3", "cc:2/3", "cc:3/3"]
+    calls = []
+    monkeypatch.setattr(runs, "run_stage", lambda stage, item, params, **kw: calls.append((stage, item, params)))
+    merge(one)
+    assert calls == []
+    merge(three)
+    assert calls == [("extract", None, three["params"])]
 
 
 def test_param_defaults_are_params_yaml_and_validate():
