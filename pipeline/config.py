@@ -31,9 +31,9 @@ import yaml
 
 from pipeline.configs import MAX_SEED, Range, must_exist, range_problems  # noqa: F401  (must_exist re-exported)
 from pipeline.configs.dbs import BuildDbsConfig
-from pipeline.configs.decontaminate import DecontaminateConfig
+from pipeline.configs.decontaminate import DecontaminateConfig, eval_split_origins
 from pipeline.configs.extract import ExtractConfig
-from pipeline.configs.finetune import FinetuneConfig
+from pipeline.configs.finetune import TASK_SPLITS, FinetuneConfig
 from pipeline.configs.ingest import IngestConfig
 from pipeline.configs.model import ModelConfig
 from pipeline.configs.pretrain import PretrainConfig
@@ -87,7 +87,29 @@ class Params:
     def problems(self) -> list[tuple[str, str]]:
         """Top-level keys that are wrong, as (key, message); the parser raises on them."""
         message = Range(0, MAX_SEED).problem(self.seed)
-        return [("seed", message)] if message else []
+        return ([("seed", message)] if message else []) + self._scored_split_problems()
+
+    def _scored_split_problems(self) -> list[tuple[str, str]]:
+        """A task whose scored splits decontamination cannot see (dataset not ingested) is refused:
+        its images could be in pretraining. Real VQA/VCR test images come without labels but are
+        still ingested (their questions), so this only bites a dataset left out of ingest.datasets."""
+        ingested = set(self.ingest.datasets)
+        unseen = {task: TASK_SPLITS[task] for task in self.finetune.tasks if TASK_SPLITS[task].dataset not in ingested}
+        if not unseen:
+            return []
+        scored = "; ".join(f"{task} scores {ts.dataset} {'/'.join(ts.scored)}" for task, ts in unseen.items())
+        return [("finetune.tasks", f"{scored}: not in ingest.datasets, so decontaminate cannot remove those images "
+                 f"from pretraining (ingest {sorted({ts.dataset for ts in unseen.values()})} or drop "
+                 f"{list(unseen)} from finetune.tasks)")]
+
+    def eval_split_origins(self) -> dict[str, dict[str, list[str]]]:
+        """``{dataset: {split: [origin, ...]}}`` of every split decontamination removes (docs/design.md)."""
+        dec = self.decontaminate
+        return eval_split_origins(dec.eval_splits, self.finetune.tasks, dec.keep_dev_in_pretraining)
+
+    def eval_splits(self) -> dict[str, tuple[str, ...]]:
+        """``{dataset: splits}`` decontamination removes: ``decontaminate.eval_splits`` + every scored split."""
+        return {d: tuple(s) for d, s in self.eval_split_origins().items()}
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form of these params (for ``_run.json``)."""
@@ -252,11 +274,6 @@ IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
 NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
 # Where Airflow runs live (runs/<run_name>/): this variable, else paths.runs; the deployment's choice
 RUNS_DIR_ENV = "UNITER_RUNS_DIR"
-# the dataset whose manifest (and text DB) each fine-tuning task reads
-TASK_DATASET = {"vqa": "vqa", "vcr": "vcr", "nlvr2": "nlvr2", "snli_ve": "snli_ve",
-                "retrieval_flickr": "flickr30k", "refcoco_plus": "refcoco"}
-
-
 def source_needs(params: Params) -> dict[str, list[str]]:
     """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
 
@@ -283,7 +300,7 @@ def source_needs(params: Params) -> dict[str, list[str]]:
         add(key, stage)
     dec = params.decontaminate
     if dec.near_duplicates:
-        for dataset in (*dec.pretrain_datasets, *(d for d, splits in dec.eval_splits.items() if splits)):
+        for dataset in (*dec.pretrain_datasets, *(d for d, splits in params.eval_splits().items() if splits)):
             add(image_root(dataset), "decontaminate")
     for source in params.extract.sources:
         add(image_root(source), f"extract@{source}")
@@ -293,14 +310,12 @@ def source_needs(params: Params) -> dict[str, list[str]]:
 def unread_inputs(params: Params) -> list[str]:
     """Configured stages whose inputs ``ingest.datasets`` does not produce, one message each (logged, not raised).
 
-    A fine-tuning task (or an eval split decontamination reads) whose dataset is not ingested has no
-    manifest to read; the pretraining stages run fine without it, so this is a warning, not an error.
+    An eval split that decontamination reads but whose dataset is not ingested has no manifest to
+    read; the pretraining stages run fine without it, so this is a warning, not an error. (A fine-tuning
+    task whose dataset is not ingested is refused at parse time: ``Params.problems``.)
     """
     ingested = set(params.ingest.datasets)
-    messages = [f"finetune.tasks: task {task} needs dataset {TASK_DATASET[task]}, which is not in ingest.datasets "
-                f"(finetune@{task} will have no manifest to read)"
-                for task in params.finetune.tasks if TASK_DATASET.get(task, task) not in ingested]
-    messages += [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
+    messages = [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
                  f"(decontaminate reads its manifest)"
                  for d, splits in sorted(params.decontaminate.eval_splits.items()) if splits and d not in ingested]
     messages += [f"decontaminate.pretrain_datasets: dataset {d} is not in ingest.datasets "

@@ -15,6 +15,8 @@ A removed image loses all its rows; its reason is the first that applies in REAS
 
 from __future__ import annotations
 
+import hashlib
+
 import logging
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -301,6 +303,35 @@ def _read_rejects(manifest_dir: Path, dataset: str) -> pa.Table:
     return pq.read_table(path, columns=["reason"])
 
 
+def top_up_val(clean: pa.Table, min_val_images: int, seed: int) -> pa.Table:
+    """``clean`` (a COCO clean manifest) with at least ``min_val_images`` images in split val.
+
+    The val images left after decontamination (Karpathy val minus eval images: on real data none,
+    since VQA val covers val2014) are kept; the rest are drawn from the train images in the order of
+    sha256("<seed>:<image_id>"), so the draw is the same on every machine and stable when other
+    images come or go. All rows of a drawn image move to val. At most half the train images are
+    drawn (a warning says so), so a small world keeps a training set.
+    """
+    split = clean.column("split")
+    ids = clean.column("image_id").cast(pa.string())
+    have = set(pc.unique(pc.filter(ids, pc.equal(split, "val"))).to_pylist())
+    need = min_val_images - len(have)
+    if need <= 0:
+        return clean
+    train_ids = sorted(set(pc.unique(pc.filter(ids, pc.equal(split, "train"))).to_pylist()),
+                       key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    if need > len(train_ids) // 2:
+        log.warning("coco: decontaminate.min_val_images=%d would leave fewer train than val images; drawing "
+                    "%d of %d train images instead", min_val_images, len(train_ids) // 2, len(train_ids))
+    drawn = train_ids[:min(need, len(train_ids) // 2)]
+    log.info("coco: %d pretraining-val images after decontamination; %d train images drawn to reach %d",
+             len(have), len(drawn), min_val_images)
+    to_val = pc.is_in(ids, value_set=pa.array(drawn, pa.string()))
+    at = clean.schema.get_field_index("split")
+    new_split = pc.if_else(to_val, pa.scalar("val", split.type), split)
+    return clean.set_column(at, clean.schema.field(at), new_split)  # keeps type and nullability
+
+
 def _val_coco_ids(result: DatasetResult) -> set[str]:
     clean = result.clean
     val = clean.filter(pc.equal(clean.column("split"), "val"))
@@ -316,7 +347,7 @@ def eval_identities(params, eval_images: pa.Table, record: RunRecord | None = No
     FileNotFoundError naming the key.
     """
     cfg = params.decontaminate
-    datasets = [d for d, splits in cfg.eval_splits.items() if splits] + list(cfg.pretrain_datasets)
+    datasets = [d for d, splits in params.eval_splits().items() if splits] + list(cfg.pretrain_datasets)
     same, vg = read_known_images(Path(params.paths.data) / "manifests", datasets, eval_images)
     info = params.sources.coco.image_info_test
     if info is None:
@@ -348,9 +379,11 @@ def run(params) -> dict[str, dict]:
     if not 0 <= cfg.phash_max_distance <= 32:
         raise ValueError(f"decontaminate.phash_max_distance must be in 0..32, got {cfg.phash_max_distance}")
     record = RunRecord("decontaminate", params.section_digest("decontaminate"))
-    eval_images = read_eval_images(manifest_dir, cfg.eval_splits)
+    eval_splits = params.eval_splits()
+    eval_images = read_eval_images(manifest_dir, eval_splits)
     index = EvalIndex.build(eval_identities(params, eval_images, record))
-    log.info("eval set: %d images, %d refs from %s", len(index), len(index.ref_images), sorted(cfg.eval_splits))
+    log.info("eval set: %d images, %d refs from %s", len(index), len(index.ref_images),
+             {d: list(s) for d, s in eval_splits.items()})
     cache = PhashCache(data / "cache" / "phash.parquet", workers=cfg.workers)
     finder = NearDuplicateFinder(index, cache, cfg.phash_max_distance) if cfg.near_duplicates else None
 
@@ -365,9 +398,10 @@ def run(params) -> dict[str, dict]:
             val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None, workers=cfg.workers,
         )
         if dataset == "coco":
+            results[dataset].clean = top_up_val(results[dataset].clean, cfg.min_val_images, params.seed)
             val_coco_ids = _val_coco_ids(results[dataset])
         cache.save()
-    for dataset in sorted(cfg.eval_splits):
+    for dataset in sorted(eval_splits):
         record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
 
     with atomic_dir(data / "reports" / "cleaning", stage="decontaminate") as out:
@@ -384,6 +418,7 @@ def run(params) -> dict[str, dict]:
                 "rejected_rows": sum(rep["rejected_rows"].values()),
             }
         record.extra["eval_images"] = len(index)
+        record.extra["eval_splits"] = params.eval_split_origins()
         record.write(out)
     for dataset, result in sorted(results.items()):
         rep = result.report

@@ -84,7 +84,7 @@ class FinetuneConfig:
             pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives "
                     f"({self.retrieval_hard_negatives}), got {self.retrieval_neg_pool}")
         return checked(
-            tasks=subset_problem(self.tasks, TASKS),
+            tasks=subset_problem(self.tasks, TASKS, nonempty=False),
             per_task=subset_problem(self.per_task, TASKS, nonempty=False)
             or (f"has no entry for task(s) {missing} of finetune.tasks" if missing else None),
             retrieval_neg_pool=pool,

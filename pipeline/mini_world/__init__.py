@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipeline.configs.decontaminate import DEFAULT_EVAL_SPLITS
+from pipeline.configs.decontaminate import DEFAULT_EVAL_SPLITS, effective_eval_splits
+from pipeline.configs.finetune import TASKS
 from pipeline.configs.world import MiniWorldConfig
 from pipeline.progress import track
 from pipeline.runinfo import RunRecord, atomic_dir, tree_digest
@@ -57,11 +58,12 @@ def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,
     """Write a whole world into ``out_dir`` (default ``cfg.out_dir``, replaced atomically); return it.
 
     ``eval_splits`` ({dataset: splits}) decides which uses of an image make it an eval image in
-    planted.json's ``matches``; default: the decontaminate section's defaults.
+    planted.json's ``matches``; default: what the default params remove (the decontaminate section's
+    defaults and every split of every fine-tuning task).
     """
     out_dir = Path(cfg.out_dir if out_dir is None else out_dir)
     if eval_splits is None:
-        eval_splits = DEFAULT_EVAL_SPLITS
+        eval_splits = effective_eval_splits(DEFAULT_EVAL_SPLITS, TASKS)
     with atomic_dir(out_dir, stage="mini_world") as tmp:
         world = World(cfg, seed, tmp, eval_splits)
         bar = track(WRITERS, desc="mini_world", unit="dataset", disable=not progress)

@@ -234,6 +234,38 @@ def test_fresh_repro_runs_every_stage_and_writes_every_output(tiny_runs):
     assert "changed" not in dvc(["status"], repo)
 
 
+def _image_keys(table) -> set[tuple[str, str]]:
+    keys = set(zip(table.column("image_source").to_pylist(), map(str, table.column("image_id").to_pylist())))
+    if "image_id_2" in table.column_names:  # NLVR2: the right image too
+        keys |= {("nlvr2", str(i)) for i in table.column("image_id_2").to_pylist() if i is not None}
+    if "coco_id" in table.column_names:  # a VG row that shows a COCO image
+        keys |= {("coco", str(int(float(i)))) for i in table.column("coco_id").to_pylist() if i not in (None, "")}
+    return keys
+
+
+def test_no_image_of_a_scored_split_is_in_a_clean_pretraining_manifest(tiny_runs):
+    """Joined here from the manifests, independently of decontaminate's own matching."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pipeline.configs.finetune import TASK_SPLITS
+
+    repo = tiny_runs["a"][0]
+    scored: dict[tuple[str, str], str] = {}
+    for task, ts in TASK_SPLITS.items():
+        table = pq.read_table(repo / "data" / "manifests" / f"{ts.dataset}.parquet")
+        for split in ts.scored:
+            rows = table.filter(pc.equal(table.column("split"), split))
+            assert rows.num_rows, f"{task}: no {split} rows in the {ts.dataset} manifest"
+            scored |= {key: f"{task} {split}" for key in _image_keys(rows)}
+    for dataset in ("coco", "vg", "cc", "sbu"):
+        clean = pq.read_table(repo / "data" / "clean" / f"{dataset}.parquet")
+        leaked = sorted(_image_keys(clean) & set(scored))
+        assert not leaked, f"clean {dataset} holds scored images: {[(k, scored[k]) for k in leaked[:5]]}"
+    val = pq.read_table(repo / "data" / "clean" / "coco.parquet")
+    assert pc.sum(pc.equal(val.column("split"), "val")).as_py() > 0  # the pretraining val set survives
+
+
 def test_second_repro_is_a_no_op(tiny_runs):
     repo = tiny_runs["a"][0]
     for target in ([], [ABLATIONS]):

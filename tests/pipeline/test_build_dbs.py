@@ -281,7 +281,7 @@ def test_build_dbs_on_real_mini_world_manifests(tmp_path):
 
     base = load_params(ROOT / "params.yaml")
     world = tmp_path / "raw"
-    generate(small_config(world), base.seed, world, base.decontaminate.eval_splits, progress=False)
+    generate(small_config(world), base.seed, world, base.eval_splits(), progress=False)
     default_root = str(base.mini_world.out_dir)
     overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world), 1)}"
                  for ds, section in to_dict(base.sources).items() for key, value in section.items()

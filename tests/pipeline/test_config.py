@@ -166,7 +166,6 @@ BAD = [
     (["pretrain.optim.betas=[0.9, 1.0]"], "pretrain.optim.betas"),
     (["finetune.retrieval_neg_pool=2"], "finetune.retrieval_neg_pool"),  # fewer than hard_negatives (3)
     (["finetune.tasks=[vqa, vqa2]"], "finetune.tasks"),
-    (["finetune.tasks=[]"], "finetune.tasks"),
     (["pretrain.vcr.views=[qa, qra]"], "pretrain.vcr.views"),
     (["extract.sources=[coco, ../x]"], "extract.sources"),
     (["ingest.max_text_chars=0"], "ingest.max_text_chars"),
@@ -263,17 +262,14 @@ def _real_world(tmp_path: Path, present=PARTIAL, **sections) -> dict:
 
 
 PRETRAIN_ONLY = dict(ingest={"datasets": list(PARTIAL)}, extract={"sources": list(PARTIAL)},
-                     decontaminate={"eval_splits": {"coco": ["test"]}})
+                     decontaminate={"eval_splits": {"coco": ["test"]}}, finetune={"tasks": []})
 
 
 def test_a_real_world_with_only_the_pretraining_sources_parses(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="pipeline.config"):
         params = parse_params(_real_world(tmp_path, **PRETRAIN_ONLY))
-    assert params.ingest.datasets == PARTIAL
-    # fine-tuning needs datasets that are not ingested: said at parse time, naming task and dataset
-    warned = "\n".join(r.getMessage() for r in caplog.records)
-    assert "finetune.tasks: task vqa needs dataset vqa, which is not in ingest.datasets" in warned
-    assert "task retrieval_flickr needs dataset flickr30k" in warned
+    assert params.ingest.datasets == PARTIAL and params.finetune.tasks == ()
+    assert not caplog.records  # with no fine-tuning task, nothing the configured stages read is missing
 
 
 def test_a_missing_source_names_the_stage_that_reads_it(tmp_path):
@@ -296,7 +292,8 @@ def test_shared_image_roots_are_needed_by_the_datasets_that_borrow_them(tmp_path
 
 
 def test_eval_and_extract_image_roots_are_checked_for_their_stages(tmp_path):
-    raw = _real_world(tmp_path, ingest={"datasets": list(PARTIAL)})  # default eval_splits and extract.sources
+    # default eval_splits and extract.sources
+    raw = _real_world(tmp_path, ingest={"datasets": list(PARTIAL)}, finetune={"tasks": []})
     with pytest.raises(ParamsError) as err:
         parse_params(raw)
     message = str(err.value)
@@ -324,3 +321,27 @@ def test_a_source_key_another_stage_reads_names_that_stage(tmp_path):
         parse_params(raw)
     raw["sources"]["coco"]["image_info_test"] = None  # null: decontamination does without it
     assert parse_params(raw).sources.coco.image_info_test is None
+
+
+def test_a_scored_split_decontamination_cannot_see_is_refused_naming_task_and_split(tmp_path):
+    raw = _real_world(tmp_path, **(PRETRAIN_ONLY | {"finetune": {"tasks": ["vqa", "nlvr2"]}}))
+    raw["ingest"]["datasets"].append("nlvr2")
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    message = str(err.value)
+    assert ("finetune.tasks: vqa scores vqa val/test: not in ingest.datasets, so decontaminate cannot remove "
+            "those images from pretraining (ingest ['vqa'] or drop ['vqa'] from finetune.tasks)") in message
+    assert "nlvr2" not in message  # ingested: decontamination removes its dev and test images
+
+
+def test_eval_splits_are_the_configured_ones_plus_every_scored_split():
+    params = load_params(PARAMS)
+    splits = params.eval_splits()
+    assert splits["vqa"] == ("test", "val") and splits["coco"] == ("test",)
+    assert set(splits["refcoco"]) == {"val", "testA", "testB", "test"}
+    assert params.eval_split_origins()["flickr30k"]["val"] == ["decontaminate.eval_splits", "finetune retrieval_flickr dev"]
+    kept = load_params(PARAMS, ["decontaminate.keep_dev_in_pretraining=[vqa]", "finetune.tasks=[vqa]",
+                                "decontaminate.eval_splits={}"])
+    assert kept.eval_splits() == {"vqa": ("test",)}  # the dev split stays; the test split never does
+    with pytest.raises(ParamsError, match=r"decontaminate\.keep_dev_in_pretraining: \['vqaa'\] not allowed"):
+        load_params(PARAMS, ["decontaminate.keep_dev_in_pretraining=[vqaa]"])

@@ -105,12 +105,14 @@ def build_world(root: Path) -> World:
     w.add("vcr", "train", "vcr", "movie/frame2.jpg", w.image("vcr/frame2.png", 301))
     w.add("vqa", "test", "coco", "9001", w.image("coco/9001.png", 400))  # a test2015 image
     w.add("vqa", "train", "coco", "1", str(root / "images/coco/1.png"))
+    w.add("vqa", "val", "coco", "10", str(root / "images/coco/10.png"))  # scored by finetune@vqa (dev)
     w.add("refcoco", "val", "coco", "5", str(root / "images/coco/5.png"), ref_id="r5")
     w.add("refcoco", "train", "coco", "1", str(root / "images/coco/1.png"), ref_id="r1")
     w.rejects["flickr30k"] = ["missing_image"]
 
     # --- COCO (pretraining and eval): Karpathy splits
-    coco = {1: "train", 2: "restval", 3: "val", 4: "test", 5: "train", 6: "train", 7: "train", 8: "train"}
+    coco = {1: "train", 2: "restval", 3: "val", 4: "test", 5: "train", 6: "train", 7: "train", 8: "train",
+            10: "train"}
     for cid, split in coco.items():
         path = w.image(f"coco/{cid}.png", 1000 + cid) if cid not in (7, 8) else None
         flickr_url = f"http://farm{cid}.staticflickr.com/{cid}/{100 + cid}_abc123_z.jpg"
@@ -125,6 +127,7 @@ def build_world(root: Path) -> World:
               flickr_url=flickr_url, width=64, height=64)
     w.expect("coco", "4", "eval_split", ["coco/test/4"])
     w.expect("coco", "5", "eval_split", ["refcoco/val/5"])
+    w.expect("coco", "10", "eval_split", ["vqa/val/10"])  # not in decontaminate.eval_splits: a task scores it
     # VG 15 (below) says COCO test image 4 is Flickr photo F30K[2]: both eval images share their keys
     w.expect("coco", "6", "flickr_photo_id", ["coco/test/4", f"flickr30k/test/{F30K[2]}"])
     w.expect("coco", "7", "near_duplicate", ["nlvr2/dev/dev-1-img1"])
@@ -200,6 +203,7 @@ def build_world(root: Path) -> World:
 def _params(data: Path, *sets: str, image_info: Path | None = None):
     image_info = image_info or data.parent / "image_info_test2015.json"
     return load_params(REPO / "params.yaml", [f"paths.data={data}", "decontaminate.workers=1",
+                                              "decontaminate.min_val_images=1",
                                               f"sources.coco.image_info_test={image_info}", *sets])
 
 
@@ -231,11 +235,11 @@ def test_reports_hold_the_invariant_and_the_contract_fields(world):
         for entry in rep["removed"]:
             assert set(entry) == {"image_id", "url", "reason", "matched_eval"}
     coco = json.loads((data / "reports" / "cleaning" / "coco.json").read_text())
-    assert coco["input_rows"] == 8 * 2 + 3 and coco["removed_rows"] == 5 * 2 and coco["kept_images"] == 3
-    assert coco["removed_images"] == {"eval_split": 2, "coco_id": 0, "flickr_photo_id": 2, "canonical_url": 0,
+    assert coco["input_rows"] == 9 * 2 + 3 and coco["removed_rows"] == 6 * 2 and coco["kept_images"] == 3
+    assert coco["removed_images"] == {"eval_split": 3, "coco_id": 0, "flickr_photo_id": 2, "canonical_url": 0,
                                       "near_duplicate": 1}
     summary = json.loads((data / "reports" / "cleaning" / "summary.json").read_text())
-    assert summary["coco_removed_rows"] == 10 and summary["cc_removed_near_duplicate"] == 1
+    assert summary["coco_removed_rows"] == 12 and summary["cc_removed_near_duplicate"] == 1
     assert all(isinstance(v, int) for v in summary.values())
 
 
@@ -255,7 +259,7 @@ def test_clean_manifests_keep_all_rows_of_kept_images_with_train_val_splits(worl
         ("ccc", "train"), ("ccd", "val"), ("ccj", "train"), ("cck", "train")]  # j, k: look-alikes, kept
     assert pq.read_table(data / "clean" / "sbu.parquet").column("image_id").to_pylist() == ["s2", "s4"]
     run = json.loads((data / "clean" / "_run.json").read_text())
-    assert run["stage"] == "decontaminate" and run["counts"]["coco"]["removed_images"] == 5
+    assert run["stage"] == "decontaminate" and run["counts"]["coco"]["removed_images"] == 6
 
 
 def test_the_planted_near_duplicates_are_close_and_the_rest_far():
@@ -336,7 +340,7 @@ def mini_chain(tmp_path_factory):
     base = load_params(REPO / "params.yaml")
     root = tmp_path_factory.mktemp("mini_chain")
     world_dir = root / "raw"
-    generate(small_config(world_dir), base.seed, world_dir, base.decontaminate.eval_splits, progress=False)
+    generate(small_config(world_dir), base.seed, world_dir, base.eval_splits(), progress=False)
     default_root = str(base.mini_world.out_dir)
     overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world_dir), 1)}"
                  for ds, section in to_dict(base.sources).items() for key, value in section.items()
@@ -386,3 +390,49 @@ def test_report_cli_reads_the_stage_output(mini_chain):
                             console=Console(file=buf, width=200)) == 0
     out = buf.getvalue()
     assert "removed images (3 of" in out and any(o["image_id"] in out for o in planted["overlaps"])
+
+
+# --------------------------------------------------------------------------------------------
+# scored splits leave pretraining by construction; the pretraining val set is topped up
+
+
+def test_scored_dev_split_leaves_pretraining_unless_kept_and_origins_are_recorded(world, tmp_path):
+    _, data, reports = world
+    run = json.loads((data / "clean" / "_run.json").read_text())
+    origins = run["eval_splits"]
+    assert origins["vqa"] == {"test": ["decontaminate.eval_splits", "finetune vqa test"], "val": ["finetune vqa dev"]}
+    assert origins["refcoco"]["testA"] == ["decontaminate.eval_splits", "finetune refcoco_plus test"]
+    assert "10" in {e["image_id"] for e in reports["coco"]["removed"]}
+    out = copy_manifests(data, tmp_path / "data")
+    kept = decontaminate.run(_params(out, "decontaminate.keep_dev_in_pretraining=[vqa]",
+                                     image_info=data.parent / "image_info_test2015.json"))
+    assert "10" not in {e["image_id"] for e in kept["coco"]["removed"]}  # UNITER's data: VQA val stays
+    origins = json.loads((out / "clean" / "_run.json").read_text())["eval_splits"]
+    assert origins["vqa"] == {"test": ["decontaminate.eval_splits", "finetune vqa test"]}
+
+
+def test_top_up_val_draws_whole_images_by_seeded_hash_and_keeps_existing_val():
+    ids = ["1", "1", "2", "3", "3", "4", "5"]
+    clean = pa.table({"image_id": ids, "split": ["train", "train", "val", "train", "train", "train", "train"]})
+    same = decontaminate.top_up_val(clean, 1, seed=7)
+    assert same is clean  # enough val images already
+    out = decontaminate.top_up_val(clean, 3, seed=7)
+    val = {i for i, s in zip(ids, out.column("split").to_pylist()) if s == "val"}
+    assert "2" in val and len(val) == 3
+    assert all(s == "val" for i, s in zip(ids, out.column("split").to_pylist()) if i in val)  # every row moves
+    assert out.schema == clean.schema
+    again = decontaminate.top_up_val(clean, 3, seed=7)
+    assert again.column("split").to_pylist() == out.column("split").to_pylist()
+    # the draw is an order over images: asking for more keeps the earlier ones
+    more = decontaminate.top_up_val(clean, 4, seed=7)
+    assert val <= {i for i, s in zip(ids, more.column("split").to_pylist()) if s == "val"}
+    drawn = {tuple(i for i, s in zip(ids, decontaminate.top_up_val(clean, 2, seed=seed).column("split").to_pylist())
+                   if s == "val" and i != "2") for seed in range(12)}
+    assert len(drawn) > 1  # the seed matters
+
+
+def test_top_up_val_never_takes_more_than_half_the_train_images(caplog):
+    clean = pa.table({"image_id": [str(i) for i in range(10)], "split": ["train"] * 10})
+    with caplog.at_level("WARNING"):
+        out = decontaminate.top_up_val(clean, 60, seed=1)
+    assert out.column("split").to_pylist().count("val") == 5 and "min_val_images=60" in caplog.text

@@ -165,7 +165,7 @@ def mini(tmp_path_factory):
     cfg = dataclasses.replace(base.mini_world, out_dir=world_dir, image_size=64, n_coco=40, n_vg_only=15,
                               n_flickr30k=30, n_cc=30, n_sbu=30, n_vcr=20, n_nlvr2_pairs=20,
                               captions_per_image=2, n_planted_each=2)
-    generate(cfg, base.seed, world_dir, base.decontaminate.eval_splits, progress=False)
+    generate(cfg, base.seed, world_dir, base.eval_splits(), progress=False)
     default_root = str(base.mini_world.out_dir)
     overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world_dir), 1)}"
                  for ds, section in to_dict(base.sources).items() for key, value in section.items()

@@ -126,8 +126,9 @@ def test_matches_name_real_eval_images(world_dir, planted):
             json.loads((world_dir / "flickr30k/dataset_flickr30k.json").read_text())["images"]}
     refs = pickle.loads((world_dir / "refcoco+/refs(unc).p").read_bytes())
     ref_split = {str(r["image_id"]): r["split"] for r in refs}
-    vqa_test = {str(q["image_id"]) for q in json.loads(
-        (world_dir / "vqa/v2_OpenEnded_mscoco_test2015_questions.json").read_text())["questions"]}
+    vqa_images = {split: {str(q["image_id"]) for q in json.loads(
+        (world_dir / f"vqa/v2_OpenEnded_mscoco_{name}_questions.json").read_text())["questions"]}
+        for split, name in (("test", "test2015"), ("val", "val2014"))}
     for o in planted["overlaps"]:
         assert o["matches"], o
         for m in o["matches"]:
@@ -143,7 +144,7 @@ def test_matches_name_real_eval_images(world_dir, planted):
             elif dataset == "nlvr2":
                 assert split in ("dev", "test") and image_id.startswith({"dev": "dev-", "test": "test1-"}[split])
             elif dataset == "vqa":
-                assert split == "test" and image_id in vqa_test
+                assert image_id in vqa_images[split]  # test: test2015; val: scored by finetune@vqa
             else:
                 raise AssertionError(m)
 

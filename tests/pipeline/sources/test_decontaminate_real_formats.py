@@ -121,10 +121,10 @@ def reports(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("real_formats")
     sources = _write(root)
     sets = [f"sources.{ds}.{k}={v}" for ds, keys in sources.items() for k, v in keys.items()] + [
-        f"paths.data={root / 'data'}", "ingest.datasets=[coco, vg, cc, sbu, vqa, refcoco]",
+        f"paths.data={root / 'data'}", "ingest.datasets=[coco, vg, cc, sbu, vqa, refcoco]", "finetune.tasks=[vqa, refcoco_plus]",
         "ingest.check_images=false", "decontaminate.near_duplicates=false", "decontaminate.workers=1",
         "decontaminate.eval_splits={coco: [test], refcoco: [val, testA, testB], vqa: [test]}",
-        "decontaminate.pretrain_datasets=[coco, vg, cc, sbu]", "sources.vqa.annotations_test=null"]
+        "decontaminate.pretrain_datasets=[coco, vg, cc, sbu]"]
     params = load_params(REPO / "params.yaml", sets)
     ingest.run(params)
     return decontaminate.run(params)
