@@ -165,8 +165,16 @@ def text_db_specs(params: Params, tok: WordPieceTokenizer, img_root: Path) -> li
 
 
 def run(params: Params) -> dict[str, Any]:
-    """Build every image DB, then every text DB; returns {"img": counts per DB, "txt": counts per DB}."""
+    """Build every image DB, then every text DB; returns {"img": counts per DB, "txt": counts per DB}.
+
+    With ``build_dbs.source: uniter_release`` the DBs are UNITER's released ones, converted by
+    ``import_uniter_db`` instead (returns its report).
+    """
     cfg, data = params.build_dbs, params.paths.data
+    if cfg.source == "uniter_release":
+        from pipeline.import_uniter_db import run as import_release  # it imports this module
+
+        return import_release(params)
     img_root, txt_root = data / "db" / "img", data / "db" / "txt"
     digest = params.section_digest("build_dbs", "seed")
     img_summary = RunRecord("build_dbs", digest)
