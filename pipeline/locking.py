@@ -19,7 +19,8 @@ forked by the holder (not exec'd) shares the descriptor and keeps the lock while
 
 Keys (:func:`stage_keys`):
 
-- a stage without ITEM: its name (``build_dbs``, ``decontaminate``);
+- a stage without ITEM: its name (``build_dbs``, ``decontaminate``; ``import_uniter_db`` takes
+  ``build_dbs``, whose outputs it writes);
 - a stage with ITEM, run for one item: ``<stage>@<item>`` exclusive (``extract@coco``) plus
   ``<stage>`` *shared*; run for all items (no ITEM): ``<stage>`` exclusive. So Airflow's mapped
   ``extract@coco`` / ``extract@vg`` tasks run side by side, and ``extract`` (all sources) excludes
@@ -86,9 +87,14 @@ def lock_path(data_dir: Path | str, key: str) -> Path:
     return Path(data_dir) / LOCK_DIR / f"{sanitize(key)}.lock"
 
 
+# stages that write another stage's outputs take its lock: import_uniter_db writes build_dbs's DBs
+SAME_OUTPUTS = {"import_uniter_db": "build_dbs"}
+
+
 def stage_keys(stage: str, item: str | None = None, out_name: str | None = None) -> list[tuple[str, bool]]:
     """The ``(key, shared)`` locks one run of ``stage`` [``item``] takes, in acquisition order
     (always stage before item, so no two runs can wait on each other in a cycle)."""
+    stage = SAME_OUTPUTS.get(stage, stage)
     if stage in PRETRAIN_OUTPUTS:
         if not out_name:
             raise ValueError(f"{stage}: the lock key needs pretrain.out_name, got {out_name!r}")

@@ -28,6 +28,8 @@ STAGES: dict[str, Stage] = {
         Stage("train_detector", "pipeline.detector_train:run", "fit the mini-world C4 detector"),
         Stage("extract", "pipeline.regions:run", "Faster R-CNN region features, sharded", item="image_source"),
         Stage("build_dbs", "pipeline.build_dbs:run", "LMDB image and text stores"),
+        Stage("import_uniter_db", "pipeline.import_uniter_db:run",
+              "UNITER's released LMDBs -> image and text stores (what build_dbs runs with source uniter_release)"),
         Stage("pretrain", "pipeline.pretrain:run", "DeepSpeed pretraining (first stage)"),
         Stage("pretrain_masking", "pipeline.pretrain:run_masking_ablation",
               "the first stage with the other masking (ablations/dvc.yaml)"),
