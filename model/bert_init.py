@@ -126,7 +126,8 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
     Fills word/position/type embeddings, the embedding LayerNorm, every encoder layer (BERT's
     query/key/value are concatenated into the fused ``qkv``), the pooler and, if both exist, the
     MLM transform + bias. The image embedder and task heads keep their initialization, and so do
-    word rows beyond the checkpoint's vocabulary (a tokenizer with added tokens).
+    word rows beyond the checkpoint's vocabulary (a tokenizer with added tokens); segment types
+    beyond the checkpoint's are copied from their source row (``UniterModel.grow_type_vocab``).
 
     Args:
         path: checkpoint file or directory; None = ``default_bert_checkpoint()``.
@@ -169,6 +170,9 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
     with torch.no_grad():
         for param, value in planned:
             param[: value.shape[0]].copy_(value.to(param.dtype))
+    types = state.get("embeddings.token_type_embeddings.weight")
+    if types is not None:  # segment types beyond BERT's start from their source row (UniterModel.grow_type_vocab)
+        root.uniter.copy_new_types(types.shape[0])
     return BertInitReport(path=path, loaded=tuple(loaded), unused=tuple(unused))
 
 
@@ -189,7 +193,7 @@ def _fit(param: torch.Tensor, value: torch.Tensor, key: str, path: Path) -> torc
     # a shorter max length than the checkpoint: its first positions
     if same_width and key.endswith("position_embeddings.weight") and not more_rows_here:
         return value[: param.shape[0]]
-    # extra segment types (NLVR2-triplet) keep their own initialization
+    # extra segment types (NLVR2, VCR): copied from their source row after loading
     if same_width and key.endswith("token_type_embeddings.weight"):
         return value[: param.shape[0]]
     # a vocabulary grown past BERT's (a tokenizer with added tokens) keeps the new rows' init

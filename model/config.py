@@ -11,7 +11,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["PRESETS", "UniterConfig"]
+__all__ = [
+    "IMAGE_TYPE",
+    "PRESETS",
+    "TEXT_TYPE",
+    "UniterConfig",
+    "VCR_ANSWER_TYPE",
+    "VCR_RATIONALE_TYPE",
+    "VCR_TYPE_VOCAB",
+]
+
+# Segment (token type) ids. BERT has two (0, 1); UNITER uses 0 for text and 1 for regions, and its
+# VCR code adds 2 = answer and 3 = rationale (the question stays 0), both started from the text row
+# 0 (ChenRocks/UNITER model/vcr.py and model/pretrain_vcr.py, ``init_type_embedding``).
+TEXT_TYPE, IMAGE_TYPE = 0, 1
+VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE = 2, 3
+VCR_TYPE_VOCAB = 4
 
 
 @dataclass(frozen=True)
@@ -24,7 +39,7 @@ class UniterConfig:
     intermediate_size: int = 3072
     vocab_size: int = 30522
     max_position_embeddings: int = 512
-    # BERT's segment embeddings: type 0 = text, type 1 = regions; NLVR2-triplet grows it to 3
+    # BERT's segment embeddings: type 0 = text, type 1 = regions; NLVR2 grows it to 3, VCR to 4
     type_vocab_size: int = 2
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.bert_init import BertInitReport, default_bert_checkpoint, load_bert_weights
-from model.config import PRESETS, UniterConfig
+from model.config import IMAGE_TYPE, PRESETS, TEXT_TYPE, UniterConfig
 from model.layers import Encoder, Pooler, init_bert_weights
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
 ]
 
 IMG_POS_DIM = 7  # x1, y1, x2, y2, w, h, w*h, normalized by image size
-TEXT_TYPE, IMAGE_TYPE = 0, 1
 FEATURE_STD_EPS = 1e-5  # region features are O(1): a small eps keeps padded (all-zero) rows at zero
 
 
@@ -123,6 +122,7 @@ class UniterModel(nn.Module):
         self.img_embeddings = ImageEmbeddings(config, img_dim)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config)
+        self.type_sources: dict[int, int] = {}  # segment type -> the type it starts from (grow_type_vocab)
         self.apply(lambda m: init_bert_weights(m, config.initializer_range))
 
     def forward(
@@ -168,16 +168,31 @@ class UniterModel(nn.Module):
         """[B, L, H] -> [B, H]: tanh(Linear(h_[CLS]))."""
         return self.pooler(sequence_output)
 
-    def grow_type_vocab(self, type_vocab_size: int) -> None:
-        """Add segment types (e.g. a third for NLVR2-triplet's second image), initialized from type 1."""
+    def grow_type_vocab(self, type_vocab_size: int, *, from_type: int = IMAGE_TYPE) -> None:
+        """Give the model ``type_vocab_size`` segment types; the ones beyond BERT's two start as a
+        copy of row ``from_type`` (UNITER: NLVR2's second image from the region type 1, VCR's
+        answer / rationale types from the text type 0).
+
+        The rule is kept in ``type_sources`` so that loading a checkpoint with fewer types
+        (``load_encoder_state``, ``load_bert_weights``) copies the *loaded* source row again.
+        """
         old = self.embeddings.token_type_embeddings
-        if type_vocab_size <= old.num_embeddings:
-            return
-        new = nn.Embedding(type_vocab_size, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+        for row in range(2, type_vocab_size):  # BERT's rows 0 and 1 are never derived
+            self.type_sources[row] = from_type
+        if type_vocab_size > old.num_embeddings:
+            new = nn.Embedding(type_vocab_size, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+            with torch.no_grad():
+                new.weight[: old.num_embeddings] = old.weight
+            self.embeddings.token_type_embeddings = new
+        self.copy_new_types(old.num_embeddings)
+
+    def copy_new_types(self, loaded_types: int) -> None:
+        """Rows ``>= loaded_types`` with a recorded source (``grow_type_vocab``) become copies of it."""
+        weight = self.embeddings.token_type_embeddings.weight
         with torch.no_grad():
-            new.weight[: old.num_embeddings] = old.weight
-            new.weight[old.num_embeddings :] = old.weight[IMAGE_TYPE]
-        self.embeddings.token_type_embeddings = new
+            for row, source in sorted(self.type_sources.items()):
+                if row >= loaded_types and source < loaded_types and row < weight.shape[0]:
+                    weight[row] = weight[source]
 
     def _check_image_inputs(self, input_ids, img_feat, img_pos, img_mask) -> None:
         if img_pos is None or img_mask is None:
@@ -198,7 +213,8 @@ def load_encoder_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
     """Copy a pretrained encoder (``state_dict`` of UniterForPretraining, keys ``uniter.*``) into
     ``model.uniter`` of a downstream model; every encoder parameter must be present.
 
-    Segment-type rows the downstream model added (``grow_type_vocab``) keep their initialization.
+    Segment-type rows the checkpoint lacks are copied from their source row as loaded (the rule
+    ``grow_type_vocab`` recorded), others keep their initialization.
     """
     target: UniterModel = model.uniter if hasattr(model, "uniter") else model
     encoder_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
@@ -206,10 +222,12 @@ def load_encoder_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
         raise ValueError(f"load_encoder_state: no key starts with {prefix!r} (first keys: {list(state_dict)[:5]})")
     type_key = "embeddings.token_type_embeddings.weight"
     own_types = target.embeddings.token_type_embeddings.weight
-    if type_key in encoder_state and encoder_state[type_key].shape[0] < own_types.shape[0]:
+    loaded_types = encoder_state[type_key].shape[0] if type_key in encoder_state else own_types.shape[0]
+    if loaded_types < own_types.shape[0]:
         grown = own_types.detach().clone()
-        grown[: encoder_state[type_key].shape[0]] = encoder_state[type_key]
+        grown[:loaded_types] = encoder_state[type_key]
         encoder_state[type_key] = grown
     missing, unexpected = target.load_state_dict(encoder_state, strict=False)
     if missing or unexpected:
         raise ValueError(f"load_encoder_state: missing keys {missing}, unexpected keys {unexpected}")
+    target.copy_new_types(loaded_types)

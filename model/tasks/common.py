@@ -1,5 +1,7 @@
 """What the downstream task models share: the output type, the encoder call, the answer MLP and the
-"pick one of a group of rows" loss and output used by VCR (choices) and retrieval (candidates)."""
+"pick one of a group of rows" losses and output used by VCR (choices) and retrieval (candidates):
+softmax over a group, UNITER's per-row right/wrong cross-entropy (VCR) and its hinge on sigmoid
+scores (retrieval)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ __all__ = [
     "answer_mlp",
     "grouped_choice_loss",
     "grouped_choice_output",
+    "grouped_hinge_loss",
     "metrics_to_floats",
+    "row_choice_loss",
 ]
 
 
@@ -34,12 +38,17 @@ class TaskOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def answer_mlp(hidden_size: int, out_dim: int, *, in_dim: int | None = None, eps: float = 1e-12) -> nn.Sequential:
-    """UNITER's task head: Linear(in, 2H) -> GELU -> LayerNorm -> Linear(2H, out)."""
+def answer_mlp(
+    hidden_size: int, out_dim: int, *, in_dim: int | None = None, eps: float = 1e-12, activation: type[nn.Module] = nn.GELU
+) -> nn.Sequential:
+    """UNITER's task head: Linear(in, 2H) -> activation -> LayerNorm -> Linear(2H, out).
+
+    The reference uses GELU in its VQA / SNLI-VE / RefExp heads and ReLU in its VCR head.
+    """
     in_dim = in_dim or hidden_size
     return nn.Sequential(
         nn.Linear(in_dim, 2 * hidden_size),
-        nn.GELU(),
+        activation(),
         nn.LayerNorm(2 * hidden_size, eps=eps),
         nn.Linear(2 * hidden_size, out_dim),
     )
@@ -52,6 +61,14 @@ def metrics_to_floats(values: Mapping[str, torch.Tensor], **counts: int) -> dict
     return {**dict(zip(names, floats)), **{k: float(v) for k, v in counts.items()}}
 
 
+def _groups(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[R] row scores -> [G, R / G], checking that the rows split into len(targets) equal groups."""
+    groups = targets.shape[0]
+    if groups == 0 or scores.shape[0] % groups:
+        raise ValueError(f"{scores.shape[0]} rows cannot be split into {groups} equal groups")
+    return scores.view(groups, -1)
+
+
 def grouped_choice_loss(scores: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows come in G contiguous groups of equal size; each group has one correct row.
 
@@ -59,28 +76,58 @@ def grouped_choice_loss(scores: torch.Tensor, targets: torch.Tensor) -> tuple[to
         scores: [R] one score per row, R = G * group size; targets: i64 [G], the correct row's
             index within its group.
     Returns:
-        (loss: mean CE over groups, accuracy: correct row ranked first, logits [G, group size]).
+        (loss: mean CE of the softmax over each group, accuracy: correct row ranked first,
+        logits [G, group size]).
     """
-    groups = targets.shape[0]
-    if groups == 0 or scores.shape[0] % groups:
-        raise ValueError(f"{scores.shape[0]} rows cannot be split into {groups} equal groups")
-    logits = scores.view(groups, -1)
+    logits = _groups(scores, targets)
     loss = F.cross_entropy(logits.float(), targets)
     return loss, (logits.argmax(-1) == targets).float().mean(), logits
 
 
-def grouped_choice_output(scores: torch.Tensor, targets: torch.Tensor | None) -> TaskOutput:
+def row_choice_loss(row_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """UNITER's VCR loss: every (question, choice) row is a 2-way right / wrong classification.
+
+    Args:
+        row_logits: [R, 2] (wrong, right) logits of R = G * group size rows; targets: i64 [G],
+            the correct row's index within its group.
+    Returns:
+        mean over all R rows of the cross-entropy with label 1 for the correct row, 0 otherwise.
+    """
+    per_group = _groups(row_logits[:, 0], targets).shape[1]
+    labels = (torch.arange(per_group, device=targets.device)[None, :] == targets[:, None]).long().flatten()
+    return F.cross_entropy(row_logits.float(), labels)
+
+
+def grouped_hinge_loss(scores: torch.Tensor, targets: torch.Tensor, *, margin: float) -> torch.Tensor:
+    """UNITER's retrieval loss: hinge on sigmoid scores, every negative against its group's positive.
+
+    Args:
+        scores: [R] row scores (logits); targets: i64 [G], the positive's index in its group.
+    Returns:
+        mean over all (group, negative) pairs of ``max(0, margin + sigmoid(s_neg) - sigmoid(s_pos))``.
+    """
+    probs = _groups(scores, targets).float().sigmoid()
+    positive = probs.gather(1, targets[:, None])
+    negative = torch.ones_like(probs, dtype=torch.bool).scatter_(1, targets[:, None], False)
+    return (margin + probs - positive).clamp(min=0)[negative].mean()
+
+
+def grouped_choice_output(
+    scores: torch.Tensor, targets: torch.Tensor | None, *, loss: torch.Tensor | None = None
+) -> TaskOutput:
     """The output of a head that scores rows competing in groups (VCR choices, retrieval candidates).
 
     Args:
-        scores: [R] one score per row; targets: i64 [G] (see :func:`grouped_choice_loss`) or None.
+        scores: [R] one score per row; targets: i64 [G] (see :func:`grouped_choice_loss`) or None;
+            loss: the training loss when it is not the softmax over each group's scores.
     Returns:
         without targets, logits = scores [R] (for ranking); with them, logits [G, R / G], the loss
-        and metrics ``loss``, ``accuracy``, ``n_examples`` (= G).
+        and metrics ``loss``, ``accuracy`` (the correct row scored highest), ``n_examples`` (= G).
     """
     if targets is None:
         return TaskOutput(logits=scores)
-    loss, accuracy, logits = grouped_choice_loss(scores, targets)
+    softmax_loss, accuracy, logits = grouped_choice_loss(scores, targets)
+    loss = softmax_loss if loss is None else loss
     metrics = metrics_to_floats({"loss": loss, "accuracy": accuracy}, n_examples=targets.shape[0])
     return TaskOutput(logits=logits, loss=loss, metrics=metrics)
 

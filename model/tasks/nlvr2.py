@@ -1,10 +1,13 @@
 """NLVR2: is a statement true of a *pair* of images? UNITER's three ways of feeding two images.
 
-- triplet: one sequence ``[CLS] text [SEP] regions(left) regions(right)``; the right image's
-  regions get a third segment type. One row per example.
+- triplet: one sequence ``[CLS] text [SEP] regions(left) regions(right)``. One row per example.
 - pair: each image encoded with the text separately; the two pooled vectors are concatenated.
 - pair_biattn: as pair, then each side's sequence attends to the other's (bidirectional
   attention), both are attention-pooled and concatenated. The paper's best variant.
+
+In every variant the left image's regions have segment type 1 and the right image's type 2, a
+third row started from the region type (UNITER's ``use_img_type``, data/nlvr2.py and
+``init_type_embedding`` in model/nlvr2.py); ``image_types=False`` gives both images type 1.
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import UniterConfig
+from model.config import IMAGE_TYPE, UniterConfig
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
-__all__ = ["NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
+__all__ = ["LEFT_IMAGE_TYPE", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
 
 NLVR2_VARIANTS = ("triplet", "pair", "pair_biattn")
-RIGHT_IMAGE_TYPE = 2  # triplet: left-image regions keep type 1, right-image regions get type 2
+LEFT_IMAGE_TYPE, RIGHT_IMAGE_TYPE = IMAGE_TYPE, 2  # the left image's regions keep the region type
 
 
 class AttentionPool(nn.Module):
@@ -64,9 +67,10 @@ class BiAttention(nn.Module):
 class UniterForNlvr2(UniterTaskModel):
     """Binary NLVR2 classifier in one of ``NLVR2_VARIANTS``.
 
-    Batch (docs/design.md §10 keys) + ``targets`` i64 [B] (1 = statement true):
-    - triplet: B rows; ``img_feat`` holds the left image's regions then the right image's, and
-      ``img_type_ids`` i64 [B, Li] marks them 1 / ``RIGHT_IMAGE_TYPE`` (padding: any).
+    Batch (docs/design.md §10 keys) + ``targets`` i64 [B] (1 = statement true) + with
+    ``image_types``, ``img_type_ids`` i64 [rows, Li]: ``LEFT_IMAGE_TYPE`` / ``RIGHT_IMAGE_TYPE``
+    per region (padding: any):
+    - triplet: B rows; ``img_feat`` holds the left image's regions then the right image's.
     - pair, pair_biattn: 2B rows, row 2i = (text_i, left image), row 2i+1 = (text_i, right image).
     Output logits [B, 2]; loss: CE; metric ``accuracy``.
     """
@@ -77,14 +81,16 @@ class UniterForNlvr2(UniterTaskModel):
         *,
         img_dim: int,
         variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn",
+        image_types: bool = True,
     ):
         super().__init__(config, img_dim=img_dim)
         if variant not in NLVR2_VARIANTS:
             raise ValueError(f"unknown NLVR2 variant {variant!r}; expected one of {NLVR2_VARIANTS}")
-        self.variant = variant
+        self.variant, self.image_types = variant, image_types
         h, eps = config.hidden_size, config.layer_norm_eps
+        if image_types:
+            self.uniter.grow_type_vocab(RIGHT_IMAGE_TYPE + 1, from_type=IMAGE_TYPE)
         if variant == "triplet":
-            self.uniter.grow_type_vocab(RIGHT_IMAGE_TYPE + 1)
             self.head = answer_mlp(h, 2, eps=eps)
         else:
             self.head = answer_mlp(h, 2, in_dim=2 * h, eps=eps)
@@ -92,8 +98,8 @@ class UniterForNlvr2(UniterTaskModel):
         self.init_heads(self.head, *([self.biattn] if self.biattn is not None else []))
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> TaskOutput:
-        if self.variant == "triplet" and batch.get("img_type_ids") is None:
-            raise KeyError("NLVR2 triplet batch lacks 'img_type_ids' (which regions belong to the right image)")
+        if self.image_types and batch.get("img_type_ids") is None:
+            raise KeyError(f"NLVR2 {self.variant} batch lacks 'img_type_ids' (which regions belong to the right image)")
         sequence = self.encode(batch)
         rows = sequence.shape[0]
         if self.variant == "triplet":

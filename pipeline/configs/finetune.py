@@ -53,6 +53,11 @@ class FinetuneConfig:
     tasks: tuple[str, ...] = TASKS
     per_task: Mapping[str, TaskConfig] = field(default_factory=lambda: {t: TaskConfig() for t in TASKS})
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
+    nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
+    vcr_loss: Literal["row", "softmax"] = "row"  # row: 2-way right/wrong CE per choice (UNITER); softmax over the 4
+    snli_ve_loss: Literal["bce", "ce"] = "bce"  # bce: one-hot BCE over the 3 classes (UNITER's VQA head); ce: softmax
+    retrieval_loss: Literal["hinge", "softmax"] = "hinge"  # hinge on sigmoid scores (UNITER); softmax over 1 + N
+    retrieval_margin: float = bounded(0.2, 0, 1)  # the hinge's margin (UNITER: 0.2)
     retrieval_hard_negatives: int = bounded(3, 1, 10_000)  # negatives per query trained on: the hardest of the pool
     retrieval_neg_pool: int = bounded(8, 1, 10_000)  # random negatives per query scored without gradients
     # captions per image ranked in evaluation; 0: all (Flickr30k: 5)

@@ -2,8 +2,9 @@
 
 - ``pair`` and ``pair_biattn`` (default): two rows per example, ``[CLS] statement [SEP]`` with the
   left image's regions, then with the right image's (``model.tasks.nlvr2``: row 2i / 2i+1).
-- ``triplet``: one row, the statement with the left regions then the right ones; the right
-  image's regions carry segment type 2.
+- ``triplet``: one row, the statement with the left regions then the right ones.
+With ``finetune.nlvr2_image_types`` (default, UNITER) the left image's regions carry segment type
+1 and the right image's type 2 in every variant; without, both carry the region type 1.
 Text DBs ``nlvr2_{train,dev,test}`` (``image_ids`` = [left, right], ``label`` 1 true / 0 false /
 -1 unlabeled). Metrics: accuracy on dev and test; chance = the majority training label.
 """
@@ -17,11 +18,9 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForNlvr2
-from model.tasks.nlvr2 import RIGHT_IMAGE_TYPE
+from model.tasks.nlvr2 import LEFT_IMAGE_TYPE, RIGHT_IMAGE_TYPE
 from pipeline.tasks.classification import ClassificationTask
 from pipeline.tasks.data import TaskDataset, row, text_row
-
-LEFT_IMAGE_TYPE = 1
 
 
 class Nlvr2Task(ClassificationTask):
@@ -36,6 +35,11 @@ class Nlvr2Task(ClassificationTask):
     def dataset(self, split: str) -> TaskDataset:
         db = self.db(f"nlvr2_{split}")
         regions, special, triplet = self.regions, self.special, self.variant == "triplet"
+        image_types = self.ctx.cfg.nlvr2_image_types
+
+        def typed(regs: dict[str, np.ndarray], side: int) -> dict[str, Any]:
+            return {"img_type_ids": [side] * len(regs["features"])} if image_types else {}
+
 
         def build(index: int, eid: str, rec: dict[str, Any]) -> dict[str, Any]:
             images = rec["image_ids"]
@@ -43,12 +47,13 @@ class Nlvr2Task(ClassificationTask):
                 raise ValueError(f"{db.path}: example {eid} has {len(images)} images, expected a pair")
             text = text_row(special, rec["input_ids"])
             left, right = regions.get(images[:1]), regions.get(images[1:])
+            sides = typed(left, LEFT_IMAGE_TYPE), typed(right, RIGHT_IMAGE_TYPE)
             if triplet:
                 both = {k: np.concatenate([left[k], right[k]]) for k in ("features", "norm_bb")}
-                types = [LEFT_IMAGE_TYPE] * len(left["features"]) + [RIGHT_IMAGE_TYPE] * len(right["features"])
-                rows = [row(text, both, img_type_ids=types)]
+                types = {k: v + sides[1][k] for k, v in sides[0].items()}
+                rows = [row(text, both, **types)]
             else:
-                rows = [row(text, left), row(text, right)]
+                rows = [row(text, left, **sides[0]), row(text, right, **sides[1])]
             return {"id": eid, "rows": rows, "target": int(rec["label"])}
 
         def row_len(eid: str) -> tuple[int, int, int]:
@@ -60,7 +65,8 @@ class Nlvr2Task(ClassificationTask):
         return TaskDataset(db, self.labelled(f"nlvr2_{split}"), build=build, row_len=row_len)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
-        return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant)  # type: ignore[arg-type]
+        return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant,  # type: ignore[arg-type]
+                              image_types=self.ctx.cfg.nlvr2_image_types)
 
     def model_info(self) -> dict[str, Any]:
         return {"variant": self.variant}

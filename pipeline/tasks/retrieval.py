@@ -4,7 +4,9 @@ Training alternates two streams over the captions of ``retrieval_flickr_train``:
 - ``t2i``: the caption with its image and ``retrieval_neg_pool`` random other images;
 - ``i2t``: the caption's image with the caption and as many random captions of other images.
 The model scores every candidate without gradients (eval mode) and trains on the positive plus
-the ``retrieval_hard_negatives`` highest-scoring negatives: softmax over 1 + N candidates.
+the ``retrieval_hard_negatives`` highest-scoring negatives (UNITER's hard-negative fine-tuning,
+train_itm_hard_negatives.py), with ``finetune.retrieval_loss``: the hinge on sigmoid scores
+(UNITER) or the softmax over the 1 + N candidates.
 
 Evaluation ranks every image for every caption (image retrieval, IR) and every caption for every
 image (text retrieval, TR) on the test split in streamed blocks (``retrieval_eval``). The
@@ -99,7 +101,8 @@ class RetrievalTask(FinetuneTask):
         return super().collate(items)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
-        return UniterForRetrieval(config, img_dim=img_dim)
+        cfg = self.ctx.cfg
+        return UniterForRetrieval(config, img_dim=img_dim, loss=cfg.retrieval_loss, margin=cfg.retrieval_margin)
 
     def load_pretrained(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
         model.init_from_pretraining(state)  # encoder + the ITM head as the scorer

@@ -36,7 +36,7 @@ class SnliVeTask(ClassificationTask):
         return TaskDataset(db, self.labelled(f"snli_ve_{split}"), build=build, row_len=row_len)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
-        return UniterForSnliVe(config, img_dim=img_dim)
+        return UniterForSnliVe(config, img_dim=img_dim, loss=self.ctx.cfg.snli_ve_loss)
 
     def model_info(self) -> dict[str, Any]:
         return {"labels": list(SNLI_VE_LABELS)}

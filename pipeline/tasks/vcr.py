@@ -74,7 +74,7 @@ class VcrTask(FinetuneTask):
         return self.dataset(stream, EVAL_SPLIT)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
-        return UniterForVcr(config, img_dim=img_dim)
+        return UniterForVcr(config, img_dim=img_dim, loss=self.ctx.cfg.vcr_loss)
 
     def correct_ids(self, model: nn.Module, view: str, device: torch.device) -> tuple[set[str], int]:
         """(ids of the examples whose choice was picked right, examples scored) for one view."""

@@ -53,12 +53,16 @@ def _case(name: str):
         targets = torch.zeros(4, 10)
         targets[0, 3], targets[1, 2], targets[1, 7], targets[2, 0], targets[3, 9] = 1.0, 0.3, 1.0, 0.6, 1.0
         return UniterForVqa(_cfg(), img_dim=D, num_answers=10), dict(batch, targets=targets), (4, 10), ()
-    if name == "vcr":
-        return UniterForVcr(_cfg(), img_dim=D), dict(rows(8), targets=torch.tensor([2, 0])), (2, 4), ()
-    if name == "snli_ve":
-        return UniterForSnliVe(_cfg(), img_dim=D), dict(rows(4), targets=torch.tensor([0, 1, 2, 1])), (4, 3), ()
-    if name == "retrieval":
-        return UniterForRetrieval(_cfg(), img_dim=D), dict(rows(6), targets=torch.tensor([0, 0])), (2, 3), ()
+    if name.startswith("vcr"):
+        batch = dict(rows(8), targets=torch.tensor([2, 0]), txt_type_ids=torch.tensor([[0, 0, 0, 2, 2, 2, 3, 3]] * 8))
+        model = UniterForVcr(_cfg(), img_dim=D, loss="softmax" if name == "vcr_softmax" else "row")
+        return model, batch, (2, 4), ()
+    if name.startswith("snli_ve"):
+        model = UniterForSnliVe(_cfg(), img_dim=D, loss="ce" if name == "snli_ve_ce" else "bce")
+        return model, dict(rows(4), targets=torch.tensor([0, 1, 2, 1])), (4, 3), ()
+    if name.startswith("retrieval"):
+        model = UniterForRetrieval(_cfg(), img_dim=D, loss="softmax" if name == "retrieval_softmax" else "hinge")
+        return model, dict(rows(6), targets=torch.tensor([0, 0])), (2, 3), ()
     if name == "refexp":
         batch = rows(3)
         return (
@@ -75,10 +79,12 @@ def _case(name: str):
     variant = name.removeprefix("nlvr2_")
     model = UniterForNlvr2(_cfg(), img_dim=D, variant=variant)
     frozen = ("uniter.pooler",) if variant == "pair_biattn" else ()
-    return model, dict(rows(8), targets=torch.tensor([1, 0, 0, 1])), (4, 2), frozen
+    batch = dict(rows(8), targets=torch.tensor([1, 0, 0, 1]), img_type_ids=torch.tensor([[1] * 6, [2] * 6] * 4))
+    return model, batch, (4, 2), frozen
 
 
-CASES = ["vqa", "vcr", "snli_ve", "retrieval", "refexp", "nlvr2_triplet", "nlvr2_pair", "nlvr2_pair_biattn"]
+CASES = ["vqa", "vcr", "vcr_softmax", "snli_ve", "snli_ve_ce", "retrieval", "retrieval_softmax", "refexp",
+         "nlvr2_triplet", "nlvr2_pair", "nlvr2_pair_biattn"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -88,9 +94,9 @@ def test_gradients_reach_encoder_and_head(name):
     assert out.logits.shape == shape and out.metrics["n_examples"] == shape[0]
     out.loss.backward()
     for pname, p in model.named_parameters():
-        if name == "retrieval" and pname == "scorer.bias":
+        if name in ("retrieval_softmax", "vcr_softmax") and pname in ("scorer.bias", "head.3.bias"):
             # a bias shared by every candidate cancels in the softmax over a group: its gradient is
-            # zero here up to float rounding (it matters for zero-shot ITM scores, see init_from_pretraining)
+            # zero here up to float rounding (VCR's "wrong" logit is not used by the softmax at all)
             assert p.grad is not None and p.grad.abs().sum() < 1e-6
         elif pname.startswith(unused):
             assert p.grad is None or p.grad.abs().sum() == 0, f"{name}: {pname} should not train"
@@ -166,8 +172,10 @@ def test_nlvr2_batch_shape_errors():
     with pytest.raises(KeyError, match="img_type_ids"):
         model({k: v for k, v in batch.items() if k != "img_type_ids"})
     pair = _case("nlvr2_pair")[0]
+    with pytest.raises(KeyError, match="img_type_ids"):
+        pair(rows(4))
     with pytest.raises(ValueError, match="even number of rows"):
-        pair(rows(3))
+        pair(dict(rows(3), img_type_ids=torch.ones(3, 6, dtype=torch.long)))
     with pytest.raises(ValueError, match="unknown NLVR2 variant"):
         UniterForNlvr2(_cfg(), img_dim=D, variant="quad")
 
