@@ -189,32 +189,32 @@ def merge_parts(params: Params, name: str, parts: int) -> dict:
     out = feature_dir(params, name)
     jobs = plan_shards(sel.items, out, shard_size=params.extract.shard_size, settings=settings, mode=sel.mode)
     _check_cut(name, infos, len(jobs))
-    claim_dir(out, f"extract@{name}")
-    remove_stale_files(out, keep=len(jobs))
-    kept, adopted, missing = 0, 0, set()
+    adopt, missing = [], set()  # (part's shard, output shard) to link; parts to run first
     for job in jobs:
         if finished(job) is not None:
-            kept += 1
             continue
         part = part_of(job.index, len(jobs), parts)
         source = dataclasses.replace(job, path=part_dir(params, name, part) / shard_name(job.index))
         if finished(source) is None:
             missing.add(part)
-            continue
-        _adopt(source.path, job.path)
-        adopted += 1
-    if missing or (jobs and meta is None):
+        else:
+            adopt.append((source.path, job.path))
+    if missing or (jobs and meta is None):  # checked before anything is written: a failed merge changes nothing
         todo = sorted(missing, key=lambda p: p.k) or [Part(k, parts) for k in range(1, parts + 1)]
         root = parts_root(params, name)
         present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         raise RuntimeError(f"extract@{name}: cannot merge {parts} parts (extract.parts): part(s) "
                            f"{[p.label for p in todo]} missing or stale in {root} (present: {present or 'none'}); run "
                            + ", ".join(f"`python -m pipeline extract {name}:{p.k}/{p.parts}`" for p in todo))
+    claim_dir(out, f"extract@{name}")
+    remove_stale_files(out, keep=len(jobs))
+    for source, target in adopt:
+        _adopt(source, target)
     if meta is None:  # no images at all: nothing to merge, the detector says what meta.json holds
         meta = detector_meta(settings, sel.mode)
-    summary = summarize(jobs, kept)
+    summary = summarize(jobs, kept=len(jobs) - len(adopt))
     result = write_outputs(params, sel, settings, summary, meta, workers=None,
-                           extra={"merged_parts": parts, "shards_adopted": adopted})
+                           extra={"merged_parts": parts, "shards_adopted": len(adopt)})
     for k in range(1, parts + 1):
         remove_owned(part_dir(params, name, Part(k, parts)))
     for empty in (parts_root(params, name), parts_root(params, name).parent):

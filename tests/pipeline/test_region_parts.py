@@ -109,7 +109,7 @@ def test_a_missing_part_is_named_with_the_command_that_makes_it(world, tmp_path)
     with pytest.raises(RuntimeError, match=r"part\(s\) \['2-of-3'\] missing or stale .*present: \['1-of-3', "
                                            r"'3-of-3'\].*`python -m pipeline extract nlvr2:2/3`"):
         run(params, "nlvr2")
-    assert not (data / "features" / "nlvr2" / "meta.json").exists()
+    assert not (data / "features" / "nlvr2").exists()  # checked before anything is written
     run(params, "nlvr2:2/3")
     run(params, "nlvr2")
     assert json.loads((data / "features" / "nlvr2" / "_run.json").read_text())["counts"]["shards"] == 2
