@@ -24,7 +24,10 @@ import numpy as np
 import pytest
 
 from dbs_synthetic import ROOT, params_for
+from pipeline.batching import collate_pretrain
 from pipeline.import_uniter_db import run
+from pipeline.locking import stage_keys
+from pipeline.pretrain_data import PretrainDataset
 from pipeline.sources.records import SourceFormatError
 from pipeline.stores import ImageDb, ImageDbGroup, TextDb
 from pipeline.text_dbs import SNLI_LABELS
@@ -232,9 +235,13 @@ def test_pretrain_text_db_merges_release_dbs(imported, tok):
     assert report["text_dbs"]["pretrain_indomain_train"]["skipped"] == {
         "missing_image": 1, "missing_record": 1, "unreadable": 1}
     assert report["text_dbs"]["pretrain_indomain_train"]["missing_release_dbs"] == ["pretrain_vg_train"]
-    # what the training code opens reads it
+    # what the training code opens reads it: pretraining batches of every kind
     group = ImageDbGroup(data / "db" / "img", db.img_db_names)
     assert group.num_regions("coco/9") == 11 and group["coco/42"]["features"].shape == (12, D)
+    for task in ("mlm", "mrc_kl", "itm"):
+        ds = PretrainDataset([db], group, task=task, seed=1)
+        batch = collate_pretrain([ds[i] for i in range(len(ds))])
+        assert batch["img_feat"].shape[::2] == (3, D) and batch["img_pos"].shape[2] == 7
 
 
 def test_task_targets_are_mapped(imported):
@@ -305,3 +312,10 @@ def test_build_dbs_with_source_uniter_release_runs_the_import_and_exits_2_on_a_p
     assert done.returncode == 2, done.stderr[-2000:]
     assert "flickr30k_000000000001.npz" in done.stderr and "'soft_labels' is an object array" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "pickle_ran").exists()
+
+
+def test_the_stage_is_on_the_cli_and_shares_build_dbs_lock():
+    done = subprocess.run([sys.executable, "-m", "pipeline", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert "import_uniter_db" in done.stdout
+    assert stage_keys("import_uniter_db") == stage_keys("build_dbs")
