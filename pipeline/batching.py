@@ -219,10 +219,11 @@ def collate_pretrain(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Pack examples of one pretraining task into the batch of docs/design.md §10.
 
     Each example: ``input_ids`` i64 [lt] ([CLS] text [SEP]), ``img_feat`` [n, D] and ``img_pos``
-    [n, 7] (numpy, any float dtype), ``task``; optional ``txt_labels`` i64 [lt], ``img_masked``
-    bool [n], ``img_soft_labels`` [n, C+1], ``itm_target`` int.
+    [n, 7] (numpy, any float dtype), ``task``; optional ``txt_type_ids`` i64 [lt], ``txt_labels``
+    i64 [lt], ``img_masked`` bool [n], ``img_soft_labels`` [n, C+1], ``itm_target`` int.
     Returns ``input_ids``/``txt_mask`` [B, Lt], ``img_feat`` f32 [B, Li, D], ``img_pos`` f32
-    [B, Li, 7], ``img_mask`` [B, Li] and, when present in the examples, ``txt_labels`` (-100 pad),
+    [B, Li, 7], ``img_mask`` [B, Li] and, when present in the examples, ``txt_type_ids`` (0 pad),
+    ``txt_labels`` (-100 pad),
     ``img_masked`` (+ ``img_feat_target``, ``img_soft_labels``), ``itm_targets`` [B], ``task``.
     """
     tasks = {ex["task"] for ex in examples}
@@ -236,6 +237,8 @@ def collate_pretrain(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     batch["img_feat"] = _pad_regions([ex["img_feat"] for ex in examples], examples[0]["img_feat"].shape[1], li)
     batch["img_pos"] = _pad_regions([ex["img_pos"] for ex in examples], 7, li)
     batch["img_mask"] = torch.arange(li)[None, :] < torch.tensor(img_lens)[:, None]
+    if "txt_type_ids" in examples[0]:
+        batch["txt_type_ids"] = _pad_text(examples, "txt_type_ids", 0)
     if "txt_labels" in examples[0]:
         batch["txt_labels"] = _pad_text(examples, "txt_labels", -100)
     if "img_masked" in examples[0]:

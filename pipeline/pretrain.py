@@ -3,7 +3,8 @@
 ``pretrain`` reads the pretraining text DBs (``data/db/txt/pretrain_{indomain,outdomain}_{train,val}``
 by ``pretrain.datasets``) and the image DBs they name; ``pretrain_vcr`` starts from the first
 stage's export and reads the VCR text (Q→A from ``vcr_qa_<split>``, QA→R from
-``pretrain_vcr_<split>``: two datasets) with MLM + MRFR + MRC-kl, no ITM. Each writes
+``vcr_qar_<split>``: two datasets, laid out as fine-tuning lays them out, segment types 0 / 2 / 3;
+pipeline/training/vcr_views.py) with MLM + MRFR + MRC-kl, no ITM. Each writes
 
 - ``data/models/<name>/``: ``model.safetensors`` (consolidated fp32), ``model_config.json``,
   ``eval.json`` (held-out metrics before and after pretraining), ``_run.json``;
@@ -20,6 +21,7 @@ through the ``deepspeed`` launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -86,7 +88,7 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
     elif stage == "pretrain_vcr":
         name = output_name(stage, cfg.out_name)
-        view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("pretrain_vcr", "plain")}
+        view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("vcr_qar", "gold_rationale")}
         bad = [v for v in cfg.vcr.views if v not in view_dbs]
         if bad or not cfg.vcr.views:
             raise ValueError(f"pretrain.vcr.views: expected a non-empty subset of {sorted(view_dbs)}, got {list(cfg.vcr.views)}")
@@ -295,6 +297,11 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
     if plan.init_from is not None:
         model, spec = model_from_export(plan.init_from, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                                         num_classes=img_dbs.num_classes, dropout=params.model.dropout)
+        if plan.stage == "pretrain_vcr":  # UNITER's answer / rationale segment types, started from the text type
+            from model.config import TEXT_TYPE, VCR_TYPE_VOCAB
+
+            model.uniter.grow_type_vocab(VCR_TYPE_VOCAB, from_type=TEXT_TYPE)
+            spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, type_vocab_size=VCR_TYPE_VOCAB))
         log.info("%s: starting from %s", plan.stage, plan.init_from)
         return model, spec, None
     cfg = params.pretrain

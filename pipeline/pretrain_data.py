@@ -1,7 +1,9 @@
 """Pretraining datasets: one per task (mlm, mrfr, mrc, mrc_kl, itm) over text + image DBs.
 
 An example is ``[CLS] text [SEP]`` plus the regions of its image(s) (VCR: given boxes then
-detected boxes, concatenated). Masking goes through ``model.masking.mask_example``: conditional
+detected boxes, concatenated). A record that carries ``txt_type_ids`` (the VCR views of
+pipeline/training/vcr_views.py) is already laid out, [CLS] and [SEP]s included, and keeps its
+segment types. Masking goes through ``model.masking.mask_example``: conditional
 by default (mlm masks text only, mrm tasks regions only), ``masking="joint"`` masks both for
 the ablation. ITM swaps in another image of the dataset with probability ``itm_neg_prob``.
 
@@ -42,7 +44,8 @@ MRM_TASKS = ("mrfr", "mrc", "mrc_kl")
 class PretrainDataset(Dataset):
     """Examples of one pretraining ``task`` drawn from one or more text DBs.
 
-    ``ds[i]`` -> dict: ``task``; ``input_ids`` i64 [lt] (masked for mlm); ``img_feat`` f16
+    ``ds[i]`` -> dict: ``task``; ``input_ids`` i64 [lt] (masked for mlm); ``txt_type_ids`` i64 [lt]
+    when the record has them; ``img_feat`` f16
     [n, D], ``img_pos`` f16 [n, 7] (numpy; the collate converts); plus ``txt_labels`` i64 [lt]
     (mlm, or any masked task under joint masking), ``img_masked`` bool [n] and
     ``img_soft_labels`` f16 [n, C+1] (mrfr/mrc/mrc_kl, or joint), ``itm_target`` (itm: 1 =
@@ -125,8 +128,14 @@ class PretrainDataset(Dataset):
             images, itm_target = self._negative_images(images, g), 0
         regions = self._regions(images)
         text = torch.from_numpy(np.asarray(record["input_ids"], dtype=np.int64))
-        ids = torch.cat([torch.tensor([self.special["cls"]]), text, torch.tensor([self.special["sep"]])])
         out: dict[str, Any] = {"task": self.task, "img_feat": regions["features"], "img_pos": regions["norm_bb"]}
+        if "txt_type_ids" in record:  # laid out by its view
+            ids, out["txt_type_ids"] = text, torch.as_tensor(record["txt_type_ids"], dtype=torch.long)
+            if out["txt_type_ids"].shape != ids.shape:
+                raise ValueError(f"{self.txt_dbs[d].name}: example {eid} has {len(ids)} input_ids but "
+                                 f"{len(out['txt_type_ids'])} txt_type_ids")
+        else:
+            ids = torch.cat([torch.tensor([self.special["cls"]]), text, torch.tensor([self.special["sep"]])])
         if self.task == "itm":
             out.update(input_ids=ids, itm_target=itm_target)
             return out

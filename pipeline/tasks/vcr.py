@@ -18,7 +18,8 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import UniterForVcr
 from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
-from pipeline.tasks.data import TaskDataset, eval_batches, row, text_row
+from pipeline.tasks.data import TaskDataset, eval_batches, row
+from pipeline.vcr_text import vcr_sequence
 
 NUM_CHOICES = 4
 EVAL_SPLIT = "val"
@@ -53,10 +54,11 @@ class VcrTask(FinetuneTask):
                 raise ValueError(f"{db.path}: example {eid} has {len(choices)} choices, expected {NUM_CHOICES}")
             reg = regions.get(rec["image_ids"])
             if view == "qa":
-                rows = [row(text_row(special, rec["input_ids"], c), reg) for c in choices]
+                texts = [vcr_sequence(special, rec["input_ids"], c) for c in choices]
             else:
                 gold = rec["answer_choices"][int(rec["answer_label"])]
-                rows = [row(text_row(special, rec["input_ids"], gold, c), reg) for c in choices]
+                texts = [vcr_sequence(special, rec["input_ids"], gold, c) for c in choices]
+            rows = [row(ids, reg, txt_type_ids=types) for ids, types in texts]
             return {"id": eid, "rows": rows, "target": int(rec["label"])}
 
         specials = 3 if view == "qa" else 4

@@ -16,7 +16,7 @@ from pipeline.batching import TokenBucketSampler, collate_pretrain
 from pipeline.pretrain_data import TASKS, PretrainDataset
 from pipeline.stores import ImageDbGroup, TextDb
 from pipeline.training.streams import BatchStream
-from pipeline.training.vcr_views import GoldAnswerView
+from pipeline.training.vcr_views import GoldAnswerView, GoldRationaleView
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,14 @@ class TextSource:
     """One pretraining text dataset: a text DB directory, optionally read through a view."""
 
     path: Path
-    view: Literal["plain", "gold_answer"] = "plain"
+    view: Literal["plain", "gold_answer", "gold_rationale"] = "plain"
 
-    def open(self) -> TextDb | GoldAnswerView:
+    def open(self) -> TextDb | GoldAnswerView | GoldRationaleView:
         if not (self.path / "meta.json").exists():
             raise FileNotFoundError(f"text DB {self.path} not found (run the build_dbs stage first)")
         db = TextDb(self.path)
-        return GoldAnswerView(db) if self.view == "gold_answer" else db
+        views = {"gold_answer": GoldAnswerView, "gold_rationale": GoldRationaleView}
+        return views[self.view](db) if self.view in views else db
 
 
 def first_stage_sources(txt_root: Path, datasets: str, split: str) -> tuple[TextSource, ...]:

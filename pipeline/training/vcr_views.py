@@ -1,10 +1,14 @@
-"""The Q→A view of VCR for second-stage pretraining, read from the ``vcr_qa_<split>`` text DB.
+"""The two views of VCR for second-stage pretraining, read from the fine-tuning text DBs.
 
-UNITER pretrains on VCR with two views of every training question, kept as separate datasets:
-Q→A (question + gold answer) and QA→R (question + gold answer + gold rationale). build_dbs
-writes the QA→R text as ``pretrain_vcr_<split>``; the Q→A text is the question plus the gold
-choice of ``vcr_qa_<split>``, which this view presents with the interface PretrainDataset reads
-from a TextDb (``meta``, ``name``, ``ids``, ``id2len``, ``txt2img``, ``db[id]["input_ids"]``).
+UNITER pretrains on VCR with two views of every training question, kept as separate datasets
+(data/pretrain_vcr.py, ``VcrPretrainDataset``): Q→A (question + gold answer) and QA→R (question +
+gold answer + gold rationale). Both are read here from the DBs fine-tuning reads
+(``vcr_qa_<split>``, ``vcr_qar_<split>``) and laid out by :func:`pipeline.vcr_text.vcr_sequence`,
+the formatter of the fine-tuning rows: ``[CLS] q [SEP] a [SEP] (r [SEP])`` with segment types
+0 / 2 / 3. A view presents the interface PretrainDataset reads from a TextDb (``meta``, ``name``,
+``ids``, ``id2len``, ``txt2img``, ``img_db_names``, ``view[id]``); its records carry the laid-out
+``input_ids`` ([CLS] and [SEP] included) and ``txt_type_ids``, which PretrainDataset takes as they
+are. ``id2len`` counts the tokens between [CLS] and the last [SEP], as for a plain text DB.
 """
 
 from __future__ import annotations
@@ -15,32 +19,42 @@ from typing import Any
 import numpy as np
 
 from pipeline.stores import TextDb
+from pipeline.vcr_text import vcr_sequence
 
 
-class GoldAnswerView:
-    """``vcr_qa_<split>`` records as pretraining text: ``input_ids`` = question + gold answer.
+def _gold(db: TextDb, eid: str, record: dict[str, Any], choices_key: str, label_key: str) -> np.ndarray | None:
+    """The gold choice of ``record`` (None when unlabelled: label -1, the test split)."""
+    label = int(record.get(label_key, -1))
+    if label < 0:
+        return None
+    choices = record.get(choices_key)
+    if choices is None or label >= len(choices):
+        raise ValueError(f"{db.path}: example {eid} has {label_key} {label} but "
+                         f"{0 if choices is None else len(choices)} {choices_key}")
+    return np.asarray(choices[label])
 
-    Examples without a gold answer (label -1: the test split) are left out.
-    """
+
+class _GoldView:
+    """Base of the views: the labelled examples of ``db``, laid out by ``parts(eid, record)``."""
+
+    suffix = ""
 
     def __init__(self, db: TextDb) -> None:
         self.db = db
         self.path: Path = db.path
         self.meta = db.meta
-        self.name = f"{db.name}:gold_answer"
+        self.name = f"{db.name}:{self.suffix}"
         self.txt2img = db.txt2img
+        self.special = db.meta["special_ids"]
         self.id2len: dict[str, int] = {}
         for eid in db.ids:
-            record = db[eid]
-            label = int(record.get("label", -1))
-            if label < 0:
-                continue
-            choices = record.get("choices")
-            if choices is None or label >= len(choices):
-                raise ValueError(f"{db.path}: example {eid} has label {label} but "
-                                 f"{0 if choices is None else len(choices)} answer choices")
-            self.id2len[eid] = len(record["input_ids"]) + len(choices[label])
+            parts = self.parts(eid, db[eid])
+            if parts is not None:
+                self.id2len[eid] = sum(len(p) for p in parts) + len(parts) - 1  # the inner [SEP]s
         self.ids = sorted(self.id2len)
+
+    def parts(self, eid: str, record: dict[str, Any]) -> list[np.ndarray] | None:
+        raise NotImplementedError
 
     @property
     def img_db_names(self) -> list[str]:
@@ -48,8 +62,34 @@ class GoldAnswerView:
 
     def __getitem__(self, example_id: str) -> dict[str, Any]:
         record = self.db[example_id]
-        gold = np.asarray(record["choices"][int(record["label"])])
-        return {**record, "input_ids": np.concatenate([np.asarray(record["input_ids"]), gold])}
+        parts = self.parts(example_id, record)
+        if parts is None:
+            raise KeyError(f"{self.db.path}: example {example_id} has no gold label")
+        ids, types = vcr_sequence(self.special, *parts)
+        return {**record, "input_ids": ids, "txt_type_ids": types}
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+class GoldAnswerView(_GoldView):
+    """``vcr_qa_<split>`` as Q→A pretraining text: question + gold answer (unlabelled examples left out)."""
+
+    suffix = "gold_answer"
+
+    def parts(self, eid: str, record: dict[str, Any]) -> list[np.ndarray] | None:
+        answer = _gold(self.db, eid, record, "choices", "label")
+        return None if answer is None else [np.asarray(record["input_ids"]), answer]
+
+
+class GoldRationaleView(_GoldView):
+    """``vcr_qar_<split>`` as QA→R pretraining text: question + gold answer + gold rationale."""
+
+    suffix = "gold_rationale"
+
+    def parts(self, eid: str, record: dict[str, Any]) -> list[np.ndarray] | None:
+        answer = _gold(self.db, eid, record, "answer_choices", "answer_label")
+        rationale = _gold(self.db, eid, record, "choices", "label")
+        if answer is None or rationale is None:
+            return None
+        return [np.asarray(record["input_ids"]), answer, rationale]

@@ -97,7 +97,7 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
 def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     from pipeline.pretrain import run_vcr
     from pipeline.stores import TextDb
-    from pipeline.training.vcr_views import GoldAnswerView
+    from pipeline.training.vcr_views import GoldAnswerView, GoldRationaleView
 
     run_vcr(params_for(data, *FAST, "pretrain.vcr.steps=6", "pretrain.val_every=0", "pretrain.checkpoint_every=0"))
     out = data / "models" / "pretrain_vcr"
@@ -105,16 +105,20 @@ def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     assert set(report["pretrained"]) == {"mlm", "mrc_kl", "mrfr"}  # no ITM in the second stage
     run = json.loads((out / "_run.json").read_text())
     labelled = sum(TextDb(data / "db/txt/vcr_qa_train")[e]["label"] >= 0 for e in TextDb(data / "db/txt/vcr_qa_train").ids)
-    qar = len(TextDb(data / "db/txt/pretrain_vcr_train"))
+    qar = len(GoldRationaleView(TextDb(data / "db/txt/vcr_qar_train")))
     assert run["counts"]["train_examples"]["mlm"] == labelled + qar  # Q→A and QA→R side by side
     assert run["input_digests"]["init"] == file_digest(first_stage / "model.safetensors")
     view = GoldAnswerView(TextDb(data / "db/txt/vcr_qa_train"))
-    for eid in view.ids:  # Q→A text = question + the gold answer choice
+    special = view.meta["special_ids"]
+    for eid in view.ids:  # Q→A text = [CLS] question [SEP] gold answer [SEP], types 0 / 2
         raw = TextDb(data / "db/txt/vcr_qa_train")[eid]
-        want = list(raw["input_ids"]) + list(raw["choices"][raw["label"]])
-        assert list(view[eid]["input_ids"]) == want and view.id2len[eid] == len(want)
+        q, a = list(raw["input_ids"]), list(raw["choices"][raw["label"]])
+        want = [special["cls"], *q, special["sep"], *a, special["sep"]]
+        assert view[eid]["input_ids"].tolist() == want and view.id2len[eid] == len(want) - 2
+        assert view[eid]["txt_type_ids"].tolist() == [0] * (len(q) + 1) + [2] * (len(a) + 2)
     first = json.loads((first_stage / "model_config.json").read_text())
-    assert json.loads((out / "model_config.json").read_text())["uniter_config"] == first["uniter_config"]
+    vcr_config = json.loads((out / "model_config.json").read_text())["uniter_config"]
+    assert vcr_config == {**first["uniter_config"], "type_vocab_size": 4}  # + answer and rationale types
 
 
 def test_masking_ablation_is_the_first_stage_with_the_other_masking(data, first_stage):
