@@ -18,7 +18,7 @@ export OMP_WAIT_POLICY := PASSIVE
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo ablations test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup demo ablations seeds test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -63,6 +63,13 @@ test-fast: $(STAMP)
 # on the CPU with tiny shapes (`make test` runs it via tests/bench/test_gpu_check.py).
 gpu-check: $(STAMP)
 	$(BIN)/python bench/gpu_check.py $(if $(DRY),--dry) --out $(or $(OUT_JSON),gpu_check.json)
+
+# Fine-tuning spread over seeds (docs/experiments.md): one `dvc exp run` per seed that changes only
+# finetune.seed (same data, same pretrained model: only the finetune@* stages rerun), then the table.
+SEEDS ?= 1 2 3
+seeds: $(STAMP)
+	set -e; for s in $(SEEDS); do $(BIN)/dvc exp run -S finetune.seed=$$s --name ft-seed$$s; done
+	$(BIN)/python -m pipeline report spread --exps $(foreach s,$(SEEDS),ft-seed$(s)) --md data/reports/spread.md
 
 clean-venv:
 	rm -rf $(VENV)

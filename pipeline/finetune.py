@@ -95,10 +95,15 @@ def check_params(params: Params, names: list[str]) -> None:
             raise ValueError(message)
 
 
+def finetune_seed(params: Params) -> int:
+    """``finetune.seed``, or the root ``seed`` when it is null."""
+    return params.seed if params.finetune.seed is None else params.finetune.seed
+
+
 def task_digest(params: Params, name: str) -> str:
     """sha256 of what one task's training depends on: seed, model, the shared finetune keys and its budget."""
     shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task")}
-    payload = {"seed": params.seed, "model": to_dict(params.model), "finetune": shared,
+    payload = {"seed": finetune_seed(params), "model": to_dict(params.model), "finetune": shared,
                "task": to_dict(params.finetune.per_task[name])}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -128,7 +133,7 @@ def open_task(params: Params, name: str) -> TaskSetup:
     from pipeline.training.model_io import read_exported
 
     cfg, data = params.finetune, Path(params.paths.data)
-    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=params.seed))
+    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=finetune_seed(params)))
     task.open()
     init_dir = data / "models" / output_name(task.init_stage, params.pretrain.out_name)
     meta, state = read_exported(init_dir)
@@ -178,7 +183,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
     # after a parallel run each start's result is on disk, and train_run reads it instead of training
     outcomes: dict[str, RunOutcome] = {
         init: train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
-                        seed=params.seed)
+                        seed=finetune_seed(params))
         for init in inits}
     record = metrics_record(setup.task, outcomes, setup.task.chance())
     write_outputs(params, setup.task, setup.config, setup.img_dim, setup.meta, setup.init_dir, outcomes, record,
@@ -228,7 +233,7 @@ def _train_start_child(params: Params, name: str, init: str, threads: int, preci
     setup = open_task(params, name)
     with process_group("cpu") as dist:
         train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
-                  seed=params.seed)
+                  seed=finetune_seed(params))
 
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:

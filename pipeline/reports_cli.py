@@ -22,6 +22,7 @@ from rich.table import Table
 from pipeline.reasons import REMOVAL_REASONS
 from pipeline.reports import load_cleaning_reports, rejected_by_reason, removed_by_reason
 from pipeline.results_cli import add_results_parser
+from pipeline.seed_spread import add_spread_parser
 
 CLEANING_SUBDIR = Path("reports") / "cleaning"
 # short column titles for the removal reasons
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
     add_cleaning_parser(sub)
     add_results_parser(sub)  # pipeline/results_cli.py: `report results [--exps]`
+    add_spread_parser(sub)  # pipeline/seed_spread.py: `report spread` over fine-tuning seeds
     return parser
 
 

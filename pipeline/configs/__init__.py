@@ -73,11 +73,12 @@ def bounded(default: Any, lo: float, hi: float, *, lo_open: bool = False, hi_ope
 
 
 def range_problems(obj: Any) -> list[tuple[str, str]]:
-    """(field, message) for every :func:`bounded` field of dataclass ``obj`` whose value is out of range."""
+    """(field, message) for every :func:`bounded` field of dataclass ``obj`` whose value is out of range
+    (None passes: an optional key left null)."""
     out = []
     for f in dataclasses.fields(obj):
-        rng = f.metadata.get("range")
-        message = rng.problem(getattr(obj, f.name)) if rng is not None else None
+        rng, value = f.metadata.get("range"), getattr(obj, f.name)
+        message = rng.problem(value) if rng is not None and value is not None else None
         if message:
             out.append((f.name, message))
     return out

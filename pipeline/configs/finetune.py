@@ -62,6 +62,9 @@ class FinetuneConfig:
     retrieval_neg_pool: int = bounded(8, 1, 10_000)  # random negatives per query scored without gradients
     # captions per image ranked in evaluation; 0: all (Flickr30k: 5)
     retrieval_eval_captions: int = bounded(2, 0, 1000)
+    # seed of the heads' start, batch order and dropout; null: the root `seed`. A fine-tuning seed
+    # sweep (`make seeds`) varies only this, so the pretrained model and the data stay the same
+    seed: int | None = bounded(None, 0, 2**32 - 1)
     compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
     scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
     # on CPU, train both starts at once, each in its own process with half the cores (faster than
