@@ -14,6 +14,7 @@ from dataclasses import dataclass
 __all__ = [
     "IMAGE_TYPE",
     "PRESETS",
+    "REGION_FEATURE_NORMS",
     "TEXT_TYPE",
     "UniterConfig",
     "VCR_ANSWER_TYPE",
@@ -27,6 +28,7 @@ __all__ = [
 TEXT_TYPE, IMAGE_TYPE = 0, 1
 VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE = 2, 3
 VCR_TYPE_VOCAB = 4
+REGION_FEATURE_NORMS = ("none", "standardize")
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,18 @@ class UniterConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    # region features into the projection: none (UNITER) | standardize (each region over its D dims;
+    # params model.region_feature_norm, model/uniter.py ImageEmbeddings)
+    region_feature_norm: str = "none"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"UniterConfig: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
             )
+        if self.region_feature_norm not in REGION_FEATURE_NORMS:
+            raise ValueError(f"UniterConfig: region_feature_norm must be one of {REGION_FEATURE_NORMS}, "
+                             f"got {self.region_feature_norm!r}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

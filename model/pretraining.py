@@ -15,7 +15,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.heads import ItmHead, ItmOutput, MlmHead, MlmOutput, MrcHead, MrcOutput, MrfrHead, MrfrOutput
-from model.heads.wra import WraOutput, word_region_alignment
+from model.heads.wra import WRA_WORDS, WraOutput, word_region_alignment
 from model.layers import init_bert_weights
 from model.uniter import UniterModel
 
@@ -44,6 +44,10 @@ class UniterForPretraining(nn.Module):
         num_classes: detector classes including background (C+1, ``meta.json`` ``num_classes``).
         wra_weight: weight of WRA in ITM batches; 0 disables WRA (UNITER: 0.1).
         ot_beta, ot_iterations, ot_inner_steps: IPOT settings (UNITER: 0.5, 50, 1).
+        mrc_kl_reduction: ``mean`` over all N x (C+1) KL terms (UNITER) or ``region_sum``
+            (model/heads/mrm.py ``MrcHead``).
+        wra_words: ``all`` real text positions, [CLS] and [SEP] included (UNITER), or ``content``
+            (model/heads/wra.py ``word_positions``).
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class UniterForPretraining(nn.Module):
         ot_beta: float = 0.5,
         ot_iterations: int = 50,
         ot_inner_steps: int = 1,
+        mrc_kl_reduction: str = "mean",
+        wra_words: str = "all",
     ):
         super().__init__()
         if wra_weight < 0:
@@ -65,12 +71,15 @@ class UniterForPretraining(nn.Module):
         eps = config.layer_norm_eps
         self.mlm = MlmHead(config.hidden_size, config.vocab_size, eps=eps)
         self.mrfr = MrfrHead(config.hidden_size, img_dim, eps=eps)
-        self.mrc = MrcHead(config.hidden_size, num_classes, eps=eps)
+        self.mrc = MrcHead(config.hidden_size, num_classes, eps=eps, kl_reduction=mrc_kl_reduction)
         self.itm = ItmHead(config.hidden_size)
         for head in (self.mlm, self.mrfr, self.mrc, self.itm):
             head.apply(lambda m: init_bert_weights(m, config.initializer_range))
         self.wra_weight = wra_weight
-        self.ot_settings = {"beta": ot_beta, "iterations": ot_iterations, "inner_steps": ot_inner_steps}
+        if wra_words not in WRA_WORDS:
+            raise ValueError(f"wra_words must be one of {WRA_WORDS}, got {wra_words!r}")
+        self.ot_settings = {"beta": ot_beta, "iterations": ot_iterations, "inner_steps": ot_inner_steps,
+                            "words": wra_words}
 
     def forward(
         self, batch: Mapping[str, torch.Tensor], task: str | None = None, *, return_plan: bool = False

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 IMG_POS_DIM = 7  # x1, y1, x2, y2, w, h, w*h, normalized by image size
-FEATURE_STD_EPS = 1e-5  # region features are O(1): a small eps keeps padded (all-zero) rows at zero
+FEATURE_STD_EPS = 1e-5  # region_feature_norm standardize: a small eps keeps padded (all-zero) rows at zero
 
 
 class TextEmbeddings(nn.Module):
@@ -63,30 +63,44 @@ class TextEmbeddings(nn.Module):
 
 
 class ImageEmbeddings(nn.Module):
-    """LN(Linear(std(feature))) + LN(Linear(7-d box)) + type embedding, then LayerNorm and dropout.
+    """LN(Linear(feature)) + LN(Linear(7-d box)) + type embedding, then LayerNorm and dropout.
 
-    std(feature) standardizes each region's feature vector over its D dimensions (no parameters)
-    before the projection. Detector features are non-negative (post-ReLU pooling), and Adam's first
-    updates of the projection are close to ``lr * sign(grad)``: with inputs that all share one
-    sign, the update of every weight row has one sign too, i.e. it adds ``u 1^T`` to the weight,
-    which moves every region's projection by ``u * sum(feature)``, the same direction for all
-    regions. A few steps at a pretraining learning rate made that common component dominate and
-    the regions indistinguishable (mean pairwise cosine 0.9+ in the embedding, 0.9999 at the
-    output). Centering the input makes ``1^T x = 0``, so that update has no effect.
+    As UNITER's ``UniterImageEmbeddings`` (ChenRocks/UNITER model/model.py): a masked region (MRM)
+    has its feature zeroed and a learned mask vector ``mask_embedding`` [D] added in feature space,
+    so the encoder sees its box and "a masked region" but not its content.
 
-    Masked regions (MRM) have their features zeroed (after standardizing) before the projection,
-    so the encoder sees only their box and must infer the content from context.
+    ``config.region_feature_norm``:
+
+    - ``none`` (UNITER): the raw detector feature goes into the projection.
+    - ``standardize`` (this project's switch): each region's feature vector is first standardized
+      over its D dimensions (no parameters). Detector features are non-negative (post-ReLU
+      pooling), and Adam's first updates of the projection are close to ``lr * sign(grad)``: with
+      inputs that all share one sign, every weight row's update has one sign too, i.e. it adds
+      ``u 1^T`` to the weight, which moves every region's projection by ``u * sum(feature)``, the
+      same direction for all regions. Centering the input makes ``1^T x = 0``, so that update has
+      no effect (measured at lr 3e-4: mean pairwise cosine of an image's regions 0.9+ without it).
     """
 
     def __init__(self, config: UniterConfig, img_dim: int):
         super().__init__()
         self.img_dim = img_dim
+        self.feature_norm = config.region_feature_norm
         self.feat_proj = nn.Linear(img_dim, config.hidden_size)
         self.feat_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.pos_proj = nn.Linear(IMG_POS_DIM, config.hidden_size)
         self.pos_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # UNITER's Embedding(2, D, padding_idx=0): row 0 (unmasked) is always zero, so only row 1 is a
+        # parameter; [1, D], a matrix, so AdamW decays it as UNITER's optimizer groups do
+        self.mask_embedding = nn.Parameter(torch.empty(1, img_dim).normal_(0.0, config.initializer_range))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def project_input(self, img_feat: torch.Tensor) -> torch.Tensor:
+        """[..., D] raw features -> what ``feat_proj`` reads (f32; standardized under ``standardize``)."""
+        img_feat = img_feat.float()
+        if self.feature_norm == "standardize":  # an all-zero (padded) feature stays zero
+            img_feat = F.layer_norm(img_feat, (self.img_dim,), eps=FEATURE_STD_EPS)
+        return img_feat
 
     def forward(
         self,
@@ -97,12 +111,12 @@ class ImageEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """img_feat [B, Li, D], img_pos [B, Li, 7], type_emb [H] or [B, Li, H], img_masked bool [B, Li]."""
         dtype = self.feat_proj.weight.dtype  # features arrive as f32 even when the model runs in bf16
-        # standardized in f32; an all-zero (padded) feature stays zero
-        img_feat = F.layer_norm(img_feat.float(), (self.img_dim,), eps=FEATURE_STD_EPS).to(dtype)
+        img_feat = self.project_input(img_feat)
         if img_masked is not None:
-            img_feat = img_feat.masked_fill(img_masked.unsqueeze(-1), 0.0)
-        emb = self.feat_norm(self.feat_proj(img_feat)) + self.pos_norm(self.pos_proj(img_pos.to(dtype))) + type_emb
-        return self.dropout(self.norm(emb))
+            masked = img_masked.unsqueeze(-1)
+            img_feat = img_feat.masked_fill(masked, 0.0) + masked * self.mask_embedding.float()
+        emb = self.feat_norm(self.feat_proj(img_feat.to(dtype))) + self.pos_norm(self.pos_proj(img_pos.to(dtype)))
+        return self.dropout(self.norm(emb + type_emb))
 
 
 class UniterModel(nn.Module):

@@ -15,6 +15,7 @@ YAML (``--set pretrain.steps=10`` gives an int, ``--set sources.cc.train_tsv=nul
 from __future__ import annotations
 
 import collections.abc
+import copy
 import dataclasses
 import enum
 import hashlib
@@ -36,7 +37,7 @@ from pipeline.configs.extract import ExtractConfig
 from pipeline.configs.finetune import TASK_SPLITS, FinetuneConfig
 from pipeline.configs.ingest import IngestConfig
 from pipeline.configs.model import ModelConfig
-from pipeline.configs.pretrain import PretrainConfig
+from pipeline.configs.pretrain import PretrainConfig, apply_recipe
 from pipeline.configs.world import MiniWorldConfig, SourcesConfig
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -357,7 +358,12 @@ def load_raw(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
 
 
 def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_paths: bool = True) -> Params:
-    """Parse a raw mapping into :class:`Params`; raise ParamsError naming the key and ``source``."""
+    """Parse a raw mapping into :class:`Params`; raise ParamsError naming the key and ``source``.
+
+    Keys that ``pretrain.recipe`` governs and ``raw`` leaves null or absent get that recipe's value
+    first (``configs.pretrain.apply_recipe``; ``raw`` itself is not changed)."""
+    if isinstance(raw, Mapping):
+        raw = apply_recipe(copy.deepcopy(dict(raw)))
     try:
         params = _parse_dataclass(Params, raw, "")
     except ParamsError as err:

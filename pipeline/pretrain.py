@@ -64,9 +64,12 @@ class StagePlan:
     mix_ratio: Mapping[str, float]
     first_phase_mix: Mapping[str, float]  # what steps 1..first_phase_steps draw from (first stage only)
     first_phase_steps: int
+    # dataset -> share of the steps (UNITER's fixed ratios); None: the datasets merged, in proportion to size
+    dataset_ratio: Mapping[str, float] | None
     eval_tasks: tuple[str, ...]
     steps: int
     lr: float
+    grad_clip: float  # 0: none
     warmup_steps: int
     init_from: Path | None  # VCR: the first stage's export directory
 
@@ -83,9 +86,11 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
             masking = OTHER_MASKING[cfg.masking]
         train, val = (first_stage_sources(txt, cfg.datasets, split) for split in ("train", "val"))
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
+        grad_clip = cfg.optim.grad_clip
         first_mix, first_steps = cfg.first_phase()
         drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
         eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
+        dataset_ratio = cfg.dataset_weights()
     elif stage == "pretrain_vcr":
         name = output_name(stage, cfg.out_name)
         view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("vcr_qar", "gold_rationale")}
@@ -95,7 +100,9 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         train = tuple(TextSource(txt / f"{view_dbs[v][0]}_train", view_dbs[v][1]) for v in cfg.vcr.views)
         val = tuple(TextSource(txt / f"{view_dbs[v][0]}_val", view_dbs[v][1]) for v in cfg.vcr.views)
         mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
+        grad_clip = cfg.vcr.grad_clip
         first_mix, first_steps = {}, 0
+        dataset_ratio = None  # both views in one stream per task, as UNITER's one VCR dataset (config/pretrain-vcr-*.json)
         init = data / "models" / output_name("pretrain", cfg.out_name)
         eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
     else:
@@ -104,8 +111,22 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
                      metrics_dir=data / "metrics" / name, ckpt_dir=data / "checkpoints" / name,
                      train_sources=train, val_sources=val,
                      img_root=data / "db" / "img", mix_ratio=dict(mix), first_phase_mix=first_mix,
-                     first_phase_steps=first_steps, eval_tasks=eval_tasks, steps=steps, lr=lr,
+                     first_phase_steps=first_steps, dataset_ratio=dataset_ratio, eval_tasks=eval_tasks,
+                     steps=steps, lr=lr, grad_clip=grad_clip,
                      warmup_steps=warmup, init_from=init)
+
+
+def recipe_departures(params: Params) -> dict[str, Any]:
+    """The recipe-governed keys (``configs.pretrain.RECIPE_DEFAULTS``) set away from ``pretrain.recipe``'s value."""
+    from pipeline.configs.pretrain import RECIPE_DEFAULTS, recipe_overrides
+
+    values = {}
+    for key in RECIPE_DEFAULTS:
+        value: Any = params
+        for part in key.split("."):
+            value = getattr(value, part)
+        values[key] = value
+    return recipe_overrides(values, params.pretrain.recipe)
 
 
 def check_params(params: Params, plan: StagePlan) -> None:
@@ -237,8 +258,8 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         txt_meta = train_dbs[0].meta
         model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
-                                first_phase_steps=plan.first_phase_steps)
-        streams = train_streams(train_dbs, img_dbs, schedule.tasks, seed=params.seed, masking=plan.masking,
+                                first_phase_steps=plan.first_phase_steps, dataset_ratio=plan.dataset_ratio)
+        streams = train_streams(train_dbs, img_dbs, schedule.streams, seed=params.seed, masking=plan.masking,
                                 mask_prob=cfg.mask_prob, itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
                                 rank=dist.rank, world_size=dist.world_size, num_workers=cfg.num_workers)
         val = held_out_batches(val_dbs, val_img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=cfg.mask_prob,
@@ -247,7 +268,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         torch.manual_seed(params.seed * 1000 + dist.rank)  # this rank's dropout stream
         settings = EngineSettings(device=device, precision=precision, world_size=dist.world_size,
                                   zero_stage=cfg.zero_stage, grad_accum=cfg.optim.grad_accum,
-                                  grad_clip=cfg.optim.grad_clip, lr=plan.lr, betas=tuple(cfg.optim.betas),
+                                  grad_clip=plan.grad_clip, lr=plan.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay, warmup_steps=plan.warmup_steps,
                                   total_steps=plan.steps, extra=cfg.deepspeed)
         engine = initialize(model, settings)
@@ -296,7 +317,8 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
     vocab = int(txt_meta["vocab_size"]) + int(txt_meta.get("obj_tags", {}).get("extra_vocab", 0))
     if plan.init_from is not None:
         model, spec = model_from_export(plan.init_from, vocab_size=vocab, img_dim=img_dbs.feature_dim,
-                                        num_classes=img_dbs.num_classes, dropout=params.model.dropout)
+                                        num_classes=img_dbs.num_classes, dropout=params.model.dropout,
+                                        mrc_kl_reduction=params.pretrain.mrc_kl_reduction)
         if plan.stage == "pretrain_vcr":  # UNITER's answer / rationale segment types, started from the text type
             from model.config import TEXT_TYPE, VCR_TYPE_VOCAB
 
@@ -306,7 +328,8 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
         return model, spec, None
     cfg = params.pretrain
     spec = spec_from_params(params.model, vocab_size=vocab, img_dim=img_dbs.feature_dim,
-                            num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0)
+                            num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0,
+                            mrc_kl_reduction=cfg.mrc_kl_reduction, wra_words=cfg.wra_words)
     model = build_model(spec, bert_checkpoint=params.model.bert_checkpoint, init_from_bert=params.model.init_from_bert,
                         seed=params.seed)
     region_fit = None
@@ -352,6 +375,8 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
             "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
             "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
             "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
+            "recipe": cfg.recipe, "recipe_overrides": recipe_departures(params),
+            "dataset_ratio": dict(sorted(plan.dataset_ratio.items())) if plan.dataset_ratio else "size",
             "precision": resolve_precision(cfg.precision, engine.device),
             "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
             if plan.first_phase_steps else None,
@@ -365,7 +390,8 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
         if plan.init_from is not None:
             record.inputs["init"] = plan.init_from / MODEL_FILE
         record.counts = {"steps": plan.steps, "resumed_from_step": result.start_step,
-                         "task_steps": schedule.counts(plan.steps), "world_size": dist.world_size,
+                         "task_steps": schedule.counts(plan.steps), "stream_steps": schedule.stream_counts(plan.steps),
+                         "world_size": dist.world_size,
                          "task_sequence_sha256_by_rank": digests,
                          "train_examples": {t: len(s.dataset) for t, s in streams.items()},
                          "parameters": sum(p.numel() for p in engine.module.parameters()),

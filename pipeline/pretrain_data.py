@@ -7,8 +7,13 @@ segment types. Masking goes through ``model.masking.mask_example``: conditional
 by default (mlm masks text only, mrm tasks regions only), ``masking="joint"`` masks both for
 the ablation. ITM swaps in another image of the dataset with probability ``itm_neg_prob``.
 
-Every random draw of example ``i`` comes from a generator seeded by (seed, epoch, task, i), so
-an example is the same whichever worker loads it and a resumed run sees the same masks.
+Every random draw of example ``i`` comes from a generator seeded by (seed, epoch, task, i) (and
+the datasets, when the dataset is restricted to some), so an example is the same whichever worker
+loads it and a resumed run sees the same masks.
+
+``datasets=("coco",)`` keeps the examples of those pretraining datasets only (each pretraining
+dataset's images are its own image source: coco, vg, cc, sbu), one dataset's stream as UNITER keeps
+one loader per (task, dataset); its ITM negatives then come from that dataset's images, as UNITER's do.
 
 >>> ds = open_pretrain_dataset("mlm", ["data/db/txt/pretrain_indomain_train"], "data/db/img", seed=1)
 >>> sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=4096, seed=1)
@@ -17,6 +22,7 @@ an example is the same whichever worker loads it and a resumed run sees the same
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -30,6 +36,12 @@ from pipeline.stores import ImageDbGroup, TextDb
 
 TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 _MASK64 = (1 << 64) - 1
+
+
+def example_dataset(image_ids: Sequence[str]) -> str:
+    """The pretraining dataset of an example, from its qualified image ids (``["vg/12"]`` -> ``"vg"``):
+    COCO, VG, CC and SBU each read their own image source (pipeline/sources)."""
+    return image_ids[0].split("/", 1)[0]
 
 
 def _splitmix64(x: int) -> int:
@@ -55,7 +67,7 @@ class PretrainDataset(Dataset):
 
     def __init__(self, txt_dbs: Sequence[TextDb], img_dbs: ImageDbGroup, *, task: str, seed: int = 0,
                  masking: Literal["conditional", "joint"] = "conditional", mask_prob: float = 0.15,
-                 itm_neg_prob: float = 0.5) -> None:
+                 itm_neg_prob: float = 0.5, datasets: Sequence[str] | None = None) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown pretraining task {task!r}; expected one of {TASKS}")
         if masking not in ("conditional", "joint"):
@@ -69,19 +81,31 @@ class PretrainDataset(Dataset):
         meta = self.txt_dbs[0].meta
         self.special = meta["special_ids"]
         self.vocab_size = int(meta["vocab_size"])
+        self.datasets = tuple(datasets) if datasets is not None else None
         # compact index (numpy, not per-example Python objects): real text DBs hold millions of rows
-        self._db_of = np.concatenate([np.full(len(db), d, dtype=np.int32) for d, db in enumerate(self.txt_dbs)])
-        self._pos = np.concatenate([np.arange(len(db), dtype=np.int64) for db in self.txt_dbs])
-        self.txt_lens = np.concatenate([np.fromiter((db.id2len[e] + 2 for e in db.ids), np.int64, len(db))
-                                        for db in self.txt_dbs])
+        positions = [self._kept(db) for db in self.txt_dbs]
+        if not sum(len(p) for p in positions):
+            raise ValueError(f"text DBs {[db.name for db in txt_dbs]} hold no example of dataset(s) {list(datasets)}")
+        self._db_of = np.concatenate([np.full(len(p), d, dtype=np.int32) for d, p in enumerate(positions)])
+        self._pos = np.concatenate(positions)
+        kept = [[db.ids[i] for i in p] for db, p in zip(self.txt_dbs, positions)]
+        self.txt_lens = np.concatenate([np.fromiter((db.id2len[e] + 2 for e in ids), np.int64, len(ids))
+                                        for db, ids in zip(self.txt_dbs, kept)])
         self.img_lens = np.concatenate([
-            np.fromiter((sum(img_dbs.num_regions(q) for q in db.txt2img[e]) for e in db.ids), np.int64, len(db))
-            for db in self.txt_dbs])
-        self.image_pool = sorted({tuple(db.txt2img[e]) for db in self.txt_dbs for e in db.ids}) \
+            np.fromiter((sum(img_dbs.num_regions(q) for q in db.txt2img[e]) for e in ids), np.int64, len(ids))
+            for db, ids in zip(self.txt_dbs, kept)])
+        self.image_pool = sorted({tuple(db.txt2img[e]) for db, ids in zip(self.txt_dbs, kept) for e in ids}) \
             if task == "itm" else []
         if task == "itm" and len(self.image_pool) < 2:
             raise ValueError("itm needs at least two distinct images to draw negatives from")
         self.epoch = 0
+
+    def _kept(self, db: TextDb) -> np.ndarray:
+        """Positions in ``db.ids`` of the examples this dataset keeps (all, or those of ``datasets``)."""
+        if self.datasets is None:
+            return np.arange(len(db), dtype=np.int64)
+        return np.array([i for i, e in enumerate(db.ids) if example_dataset(db.txt2img[e]) in self.datasets],
+                        dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -102,7 +126,10 @@ class PretrainDataset(Dataset):
     def generator(self, index: int) -> torch.Generator:
         """The generator of example ``index`` in this epoch (independent of worker and order)."""
         key = 0
-        for part in (self.seed, self.epoch, TASKS.index(self.task), index):
+        parts = [self.seed, self.epoch, TASKS.index(self.task), index]
+        if self.datasets is not None:  # one dataset's stream: masks independent of another's at the same index
+            parts.append(zlib.crc32(",".join(self.datasets).encode()))
+        for part in parts:
             key = _splitmix64(key ^ (part & _MASK64))
         return torch.Generator().manual_seed(key)
 

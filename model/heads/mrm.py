@@ -13,9 +13,12 @@ from torch import nn
 
 from model.heads.mlm import PredictionTransform
 
-__all__ = ["BACKGROUND", "MrcHead", "MrcOutput", "MrfrHead", "MrfrOutput"]
+__all__ = ["BACKGROUND", "KL_REDUCTIONS", "MrcHead", "MrcOutput", "MrfrHead", "MrfrOutput"]
 
 BACKGROUND = 0  # soft_labels are [C+1] with the detector's background class first
+# mrc_kl's reduction of the elementwise KL terms [N, C+1]: mean over all of them (UNITER) or, per
+# region, their sum (the KL divergence itself), then the mean over regions: C+1 times larger
+KL_REDUCTIONS = ("mean", "region_sum")
 
 
 def _masked_rows(region_output: torch.Tensor, img_masked: torch.Tensor, task: str) -> torch.Tensor:
@@ -68,7 +71,7 @@ class MrfrHead(nn.Module):
 
 @dataclass
 class MrcOutput:
-    """loss: mean CE (mrc) or mean KL (mrc_kl) over masked regions; logits [N, C+1];
+    """loss: mean CE (mrc) or the reduced KL terms (mrc_kl, ``kl_reduction``) over masked regions; logits [N, C+1];
     accuracy: predicted object class (background excluded) == detector's top object class."""
 
     loss: torch.Tensor
@@ -82,11 +85,18 @@ class MrcHead(nn.Module):
 
     mrc: cross-entropy to the detector's most confident *object* class; background is excluded
     when taking that argmax, as UNITER does (a kept region is an object by construction).
-    mrc_kl: KL(detector distribution || predicted distribution) over all C+1 classes, per region.
+    mrc_kl: the KL terms ``p_c (log p_c - log q_c)`` of the detector distribution p against the
+    predicted q, over all C+1 classes of every masked region, reduced by ``kl_reduction``: ``mean``
+    over all N x (C+1) terms as UNITER's ``F.kl_div(..., reduction="none")`` then ``loss.mean()``
+    (ChenRocks/UNITER model/pretrain.py ``forward_mrc``, pretrain.py), or ``region_sum``: the KL
+    divergence per region, averaged over regions (C+1 times UNITER's scale).
     """
 
-    def __init__(self, hidden_size: int, num_classes: int, *, eps: float = 1e-12):
+    def __init__(self, hidden_size: int, num_classes: int, *, eps: float = 1e-12, kl_reduction: str = "mean"):
         super().__init__()
+        if kl_reduction not in KL_REDUCTIONS:
+            raise ValueError(f"MrcHead: kl_reduction must be one of {KL_REDUCTIONS}, got {kl_reduction!r}")
+        self.kl_reduction = kl_reduction
         self.transform = PredictionTransform(hidden_size, eps)
         self.classifier = nn.Linear(hidden_size, num_classes)
 
@@ -109,7 +119,8 @@ class MrcHead(nn.Module):
         top_object = target_dist[:, BACKGROUND + 1 :].argmax(-1) + BACKGROUND + 1
         log_probs = F.log_softmax(logits, dim=-1)
         if kl:
-            loss = F.kl_div(log_probs, target_dist, reduction="sum") / logits.shape[0]
+            terms = F.kl_div(log_probs, target_dist, reduction="none")  # [N, C+1]
+            loss = terms.mean() if self.kl_reduction == "mean" else terms.sum(-1).mean()
         else:
             loss = F.nll_loss(log_probs, top_object)
         predicted = logits[:, BACKGROUND + 1 :].argmax(-1) + BACKGROUND + 1

@@ -14,7 +14,12 @@ import torch
 
 from model.ot import IPOT_BETA, IPOT_INNER_STEPS, IPOT_ITERATIONS, ot_distance
 
-__all__ = ["WraOutput", "word_positions", "word_region_alignment"]
+__all__ = ["WRA_WORDS", "WraOutput", "word_positions", "word_region_alignment"]
+
+# which text positions are WRA's words: every real one, [CLS] and [SEP] included (UNITER: its OT
+# text padding mask is the text length with both, data/itm.py ``itm_ot_collate``), or only the
+# tokens between them
+WRA_WORDS = ("all", "content")
 
 
 @dataclass
@@ -29,8 +34,13 @@ class WraOutput:
     mean_neg: torch.Tensor
 
 
-def word_positions(txt_mask: torch.Tensor) -> torch.Tensor:
-    """bool [B, Lt]: the real text positions minus [CLS] (first) and [SEP] (last real token)."""
+def word_positions(txt_mask: torch.Tensor, words: str = "all") -> torch.Tensor:
+    """bool [B, Lt]: the real text positions (``all``), or those minus [CLS] (first) and [SEP]
+    (last real token) (``content``)."""
+    if words not in WRA_WORDS:
+        raise ValueError(f"word_positions: words must be one of {WRA_WORDS}, got {words!r}")
+    if words == "all":
+        return txt_mask.bool().clone()
     words = txt_mask.bool().clone()
     words[:, 0] = False
     last = txt_mask.long().sum(1) - 1
@@ -48,6 +58,7 @@ def word_region_alignment(
     beta: float = IPOT_BETA,
     iterations: int = IPOT_ITERATIONS,
     inner_steps: int = IPOT_INNER_STEPS,
+    words: str = "all",
     return_plan: bool = False,
 ) -> WraOutput:
     """WRA loss for a batch of matched (target 1) and mismatched (target 0) pairs.
@@ -56,10 +67,11 @@ def word_region_alignment(
         text_output [B, Lt, H], region_output [B, Li, H]: encoder outputs split by modality.
         txt_mask bool [B, Lt] (``[CLS] text [SEP]`` real positions), img_mask bool [B, Li].
         itm_targets i64 [B].
+        words: ``all`` (UNITER) or ``content`` (``word_positions``).
     """
-    words = word_positions(txt_mask)
+    word_mask = word_positions(txt_mask, words)
     distances, plan = ot_distance(
-        text_output, region_output, words, img_mask.bool(), beta=beta, iterations=iterations, inner_steps=inner_steps
+        text_output, region_output, word_mask, img_mask.bool(), beta=beta, iterations=iterations, inner_steps=inner_steps
     )
     positive = itm_targets == 1
     sign = positive.float() * 2.0 - 1.0

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.configs import MAX_COUNT, bounded, must_exist
+from pipeline.configs.pretrain import recipe_default
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class ModelConfig:
     init_from_bert: bool = True
     dropout: float = bounded(0.1, 0, 1, hi_open=True)  # hidden and attention dropout
     # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the
-    # word embedding of the detector's class name for it; model/region_init.py)
-    region_init: Literal["random", "class_names"] = "class_names"
+    # word embedding of the detector's class name for it; model/region_init.py); default: pretrain.recipe's
+    region_init: Literal["random", "class_names"] = recipe_default("model.region_init")
+    # region features into that projection: none (UNITER: raw) | standardize (each region over its
+    # dimensions, no parameters; model/uniter.py ImageEmbeddings); default: pretrain.recipe's
+    region_feature_norm: Literal["none", "standardize"] = recipe_default("model.region_feature_norm")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pipeline.batching import TokenBucketSampler, collate_pretrain
+from pipeline.configs.pretrain import DATASET_CHOICES, DOMAIN_DATASETS
 from pipeline.pretrain_data import TASKS, PretrainDataset
 from pipeline.stores import ImageDbGroup, TextDb
 from pipeline.training.streams import BatchStream
+from pipeline.training.task_mix import stream_dataset, stream_task
 from pipeline.training.vcr_views import GoldAnswerView, GoldRationaleView
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,8 @@ log = logging.getLogger(__name__)
 # separates the held-out RNG streams from the training ones (the same batches in every run)
 VAL_SEED_OFFSET = 7_777
 # pretrain.datasets -> the text DB domains of the first pretraining stage
-DOMAINS = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
+DOMAINS = DATASET_CHOICES
+PRETRAIN_DATASETS = tuple(d for names in DOMAIN_DATASETS.values() for d in names)
 
 
 @dataclass(frozen=True)
@@ -62,21 +65,31 @@ def task_seed(seed: int, task: str) -> int:
     return seed * 31 + TASKS.index(task) + 1
 
 
-def train_streams(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Sequence[str], *, seed: int,
+def stream_seed(seed: int, stream: str) -> int:
+    """``task_seed``, made distinct per dataset for a ``"<task>/<dataset>"`` stream."""
+    dataset = stream_dataset(stream)
+    offset = 0 if dataset is None else 1_000 * (1 + sorted(PRETRAIN_DATASETS).index(dataset))
+    return task_seed(seed, stream_task(stream)) + offset
+
+
+def train_streams(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, streams: Sequence[str], *, seed: int,
                   masking: str, mask_prob: float, itm_neg_prob: float, batch_tokens: int, rank: int,
                   world_size: int, num_workers: int) -> dict[str, BatchStream]:
-    """One endless, resumable stream per task; each rank gets a disjoint share of every epoch."""
-    streams = {}
-    for task in tasks:
+    """One endless, resumable stream per name in ``streams`` (``TaskSchedule.streams``): ``"<task>"``
+    over every example, or ``"<task>/<dataset>"`` over that dataset's; each rank gets a disjoint
+    share of every epoch."""
+    out = {}
+    for name in streams:
+        task, dataset = stream_task(name), stream_dataset(name)
         ds = PretrainDataset(txt_dbs, img_dbs, task=task, seed=seed, masking=masking, mask_prob=mask_prob,
-                             itm_neg_prob=itm_neg_prob)
-        sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=batch_tokens, seed=task_seed(seed, task),
-                                     rank=rank, world_size=world_size, uneven="pad")
-        streams[task] = BatchStream(ds, sampler, collate_pretrain, seed=task_seed(seed, task),
-                                    num_workers=num_workers, name=task)
-        log.info("task %s: %d examples, %d batches per epoch on this rank", task, len(ds),
+                             itm_neg_prob=itm_neg_prob, datasets=None if dataset is None else (dataset,))
+        sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=batch_tokens,
+                                     seed=stream_seed(seed, name), rank=rank, world_size=world_size, uneven="pad")
+        out[name] = BatchStream(ds, sampler, collate_pretrain, seed=stream_seed(seed, name),
+                                num_workers=num_workers, name=name)
+        log.info("stream %s: %d examples, %d batches per epoch on this rank", name, len(ds),
                  len(sampler.rank_batches(0)))
-    return streams
+    return out
 
 
 def held_out_batches(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Sequence[str], *, seed: int,

@@ -20,7 +20,7 @@ from pipeline.training.engine import Precision, cast_batch, current_lr, fill_mis
 from pipeline.training.launch import DistInfo
 from pipeline.training.metrics import MetricsLogger, RunningMeans, evaluate
 from pipeline.training.streams import BatchStream
-from pipeline.training.task_mix import TaskSchedule
+from pipeline.training.task_mix import TaskSchedule, stream_task
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class LoopResult:
     final_step: int
     last_val: dict[str, float]
     last_train: dict[str, float]
-    task_digest: str  # chained sha256 over the tasks this rank actually ran, steps 1..final_step
+    task_digest: str  # chained sha256 over the streams (tasks) this rank actually ran, steps 1..final_step
     # seconds this call spent in training steps, validation and checkpointing (resume included)
     timings_s: dict[str, float]
 
@@ -89,9 +89,9 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     (same batches, same dropout, same optimizer state) on CPU.
     """
     s = settings
-    missing = set(schedule.tasks) - set(streams)
+    missing = set(schedule.streams) - set(streams)
     if missing:
-        raise ValueError(f"no batch stream for scheduled task(s) {sorted(missing)}")
+        raise ValueError(f"no batch stream for scheduled stream(s) {sorted(missing)}")
     means = RunningMeans()
     start, task_digest = 0, ""
     if resume_step is not None:
@@ -117,11 +117,12 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
     timings = {"train": 0.0, "validation": 0.0, "checkpoint": 0.0}
     for step in range(start + 1, s.total_steps + 1):
         step_start = time.perf_counter()
-        task = schedule.task_at(step)
-        task_digest = chain_task(task_digest, task)
+        stream = schedule.stream_at(step)  # "<task>" or "<task>/<dataset>"
+        task = stream_task(stream)
+        task_digest = chain_task(task_digest, stream)
         lr = current_lr(engine)
-        for _ in range(s.grad_accum):
-            batch = streams[task].next_batch()
+        for _ in range(s.grad_accum):  # every micro batch from the step's stream, as UNITER's MetaLoader
+            batch = streams[stream].next_batch()
             interval_tokens += batch_units(batch)
             out = engine(prepare(batch), task)
             engine.backward(out.loss)

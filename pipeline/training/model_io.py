@@ -28,22 +28,32 @@ CONFIG_FILE = "model_config.json"
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """Everything that fixes the model's parameter shapes (and its WRA setting)."""
+    """Everything that fixes the model's parameter shapes (and its loss settings: WRA, MRC-kl)."""
 
     config: UniterConfig
     img_dim: int
     num_classes: int
     wra_weight: float
+    mrc_kl_reduction: str = "mean"  # pretrain.mrc_kl_reduction
+    wra_words: str = "all"  # pretrain.wra_words
 
     def to_json(self, **extra: Any) -> dict[str, Any]:
         return {"uniter_config": dataclasses.asdict(self.config), "img_dim": self.img_dim,
-                "num_classes": self.num_classes, "wra_weight": self.wra_weight, **extra}
+                "num_classes": self.num_classes, "wra_weight": self.wra_weight,
+                "mrc_kl_reduction": self.mrc_kl_reduction, "wra_words": self.wra_words, **extra}
+
+    def losses(self) -> dict[str, Any]:
+        """UniterForPretraining's loss keyword arguments."""
+        return {"wra_weight": self.wra_weight, "mrc_kl_reduction": self.mrc_kl_reduction, "wra_words": self.wra_words}
 
 
-def spec_from_params(model_cfg, *, vocab_size: int, img_dim: int, num_classes: int, wra_weight: float) -> ModelSpec:
+def spec_from_params(model_cfg, *, vocab_size: int, img_dim: int, num_classes: int, wra_weight: float,
+                     mrc_kl_reduction: str = "mean", wra_words: str = "all") -> ModelSpec:
     """The ``model:`` preset with the vocabulary of the text DBs and the sizes of the image DBs."""
-    config = UniterConfig.from_preset(model_cfg.preset, dropout=model_cfg.dropout, vocab_size=vocab_size)
-    return ModelSpec(config=config, img_dim=img_dim, num_classes=num_classes, wra_weight=wra_weight)
+    config = UniterConfig.from_preset(model_cfg.preset, dropout=model_cfg.dropout, vocab_size=vocab_size,
+                                      region_feature_norm=model_cfg.region_feature_norm)
+    return ModelSpec(config=config, img_dim=img_dim, num_classes=num_classes, wra_weight=wra_weight,
+                     mrc_kl_reduction=mrc_kl_reduction, wra_words=wra_words)
 
 
 def build_model(spec: ModelSpec, *, bert_checkpoint: Path | None, init_from_bert: bool, seed: int) -> UniterForPretraining:
@@ -53,7 +63,7 @@ def build_model(spec: ModelSpec, *, bert_checkpoint: Path | None, init_from_bert
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = UniterForPretraining(spec.config, img_dim=spec.img_dim, num_classes=spec.num_classes,
-                                     wra_weight=spec.wra_weight)
+                                     **spec.losses())
     if init_from_bert:
         report = load_bert_weights(model, bert_checkpoint)
         log.info("text side initialized from %s (%d tensors)", report.path, len(report.loaded))
@@ -72,9 +82,11 @@ def read_exported(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tens
 
 
 def model_from_export(directory: Path, *, vocab_size: int, img_dim: int, num_classes: int,
-                      dropout: float | None = None) -> tuple[UniterForPretraining, ModelSpec]:
+                      dropout: float | None = None, mrc_kl_reduction: str | None = None
+                      ) -> tuple[UniterForPretraining, ModelSpec]:
     """Rebuild an exported model, growing the word embeddings when ``vocab_size`` is larger (new
     rows, e.g. VCR object tags beyond the vocabulary, keep their fresh initialization).
+    ``mrc_kl_reduction`` (a loss setting, not a weight) replaces the export's when given.
 
     Raises ValueError naming the file when the image feature size or the class count differ.
     """
@@ -91,8 +103,10 @@ def model_from_export(directory: Path, *, vocab_size: int, img_dim: int, num_cla
     if dropout is not None:
         cfg.update(hidden_dropout=dropout, attention_dropout=dropout)
     spec = ModelSpec(config=UniterConfig(**cfg), img_dim=img_dim, num_classes=num_classes,
-                     wra_weight=float(meta["wra_weight"]))
-    model = UniterForPretraining(spec.config, img_dim=img_dim, num_classes=num_classes, wra_weight=spec.wra_weight)
+                     wra_weight=float(meta["wra_weight"]),
+                     mrc_kl_reduction=mrc_kl_reduction or meta.get("mrc_kl_reduction", "mean"),
+                     wra_words=meta.get("wra_words", "all"))
+    model = UniterForPretraining(spec.config, img_dim=img_dim, num_classes=num_classes, **spec.losses())
     own = model.state_dict()
     for key, value in state.items():
         if key in own and value.shape != own[key].shape and value.shape[0] == old_vocab < own[key].shape[0]:

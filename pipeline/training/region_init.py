@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from model.region_init import class_name_embeddings, class_name_projection
-from model.uniter import FEATURE_STD_EPS
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +66,18 @@ def init_region_projection(uniter: torch.nn.Module, img_dbs, txt_meta: Mapping[s
     if soft.shape[1] != len(names):
         raise ValueError(f"image DBs under {img_dbs.root}: soft labels have {soft.shape[1]} classes, "
                          f"meta.json names {len(names)}")
-    proj = uniter.img_embeddings.feat_proj
+    from model.uniter import FEATURE_STD_EPS
+
+    embedder = uniter.img_embeddings
+    proj = embedder.feat_proj
+    # fitted on what the projection reads: raw features, or standardized ones (model.region_feature_norm)
+    eps = FEATURE_STD_EPS if embedder.feature_norm == "standardize" else None
     with torch.no_grad():
         emb = class_name_embeddings(uniter.embeddings.word_embeddings.weight.detach().cpu(), name_ids)
-        weight, bias = class_name_projection(features, soft, emb, feature_eps=FEATURE_STD_EPS)
+        weight, bias = class_name_projection(features, soft, emb, feature_eps=eps)
         # how well the fit explains the targets on its own sample (1 = exactly)
         target = soft @ emb
-        fitted = torch.nn.functional.layer_norm(features, (features.shape[1],), eps=FEATURE_STD_EPS) @ weight.T + bias
+        fitted = embedder.project_input(features) @ weight.T + bias
         r2 = 1.0 - float(((fitted - target) ** 2).sum() / ((target - target.mean(0)) ** 2).sum().clamp_min(1e-12))
         proj.weight.copy_(weight.to(proj.weight.dtype))
         proj.bias.copy_(bias.to(proj.bias.dtype))

@@ -96,11 +96,18 @@ def test_mrc_hard_label_excludes_background():
 
 
 def test_mrc_kl_by_hand():
+    """Default: UNITER's scale, the mean of the N x (C+1) elementwise terms p (log p - log q)
+    (``kl_div(reduction="none")`` then ``.mean()``); ``region_sum``: the KL per region, averaged."""
     head, regions, masked, soft, logits = _mrc_case()
     out = head(regions, masked, soft, kl=True)
     logp, p = _log_softmax(logits), _np(soft)[0, [0, 2]]
-    kl = [sum(pi * (math.log(pi) - lq) for pi, lq in zip(p[r], logp[r]) if pi > 0) for r in range(2)]
-    assert out.loss.item() == pytest.approx(np.mean(kl), rel=1e-5)
+    terms = [[pi * (math.log(pi) - lq) if pi > 0 else 0.0 for pi, lq in zip(p[r], logp[r])] for r in range(2)]
+    n_elements = 2 * p.shape[1]
+    assert out.loss.item() == pytest.approx(sum(map(sum, terms)) / n_elements, rel=1e-5)
+    head.kl_reduction = "region_sum"
+    assert head(regions, masked, soft, kl=True).loss.item() == pytest.approx(np.mean([sum(t) for t in terms]), rel=1e-5)
+    with pytest.raises(ValueError, match="kl_reduction"):
+        MrcHead(H, 5, kl_reduction="sum")
     with pytest.raises(ValueError, match="5 classes"):
         head(regions, masked, torch.rand(1, 3, 5), kl=True)
     with pytest.raises(ValueError, match="no masked region"):
@@ -126,14 +133,14 @@ def _cos(a, b) -> float:
 
 def test_wra_one_word_spreads_mass_over_regions():
     # With a single word the marginals force the plan: the word sends 1/K to each region, so the
-    # OT distance is the mean cosine distance. [CLS], [SEP] and padding carry no mass.
+    # OT distance is the mean cosine distance. With words="content", [CLS], [SEP] and padding carry no mass.
     gen = torch.Generator().manual_seed(4)
     text = torch.randn(2, 4, H, generator=gen)  # [CLS] w [SEP] <pad> for both pairs
     regions = torch.randn(2, 3, H, generator=gen)
     txt_mask = torch.tensor([[True, True, True, False]] * 2)
     img_mask = torch.tensor([[True, True, True], [True, True, False]])
     targets = torch.tensor([1, 0])
-    out = word_region_alignment(text, regions, txt_mask, img_mask, targets, return_plan=True)
+    out = word_region_alignment(text, regions, txt_mask, img_mask, targets, words="content", return_plan=True)
     d_pos = np.mean([1 - _cos(text[0, 1], regions[0, j]) for j in range(3)])
     d_neg = np.mean([1 - _cos(text[1, 1], regions[1, j]) for j in range(2)])
     assert out.distances.tolist() == pytest.approx([d_pos, d_neg], rel=1e-4)
@@ -149,11 +156,26 @@ def test_wra_perfect_alignment_has_zero_distance():
     text = torch.stack([e[0], e[1], e[2], e[3]])[None]  # [CLS] w1 w2 [SEP]
     regions = torch.stack([e[2], e[1]])[None]  # w1 == region 1, w2 == region 0
     out = word_region_alignment(text, regions, torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool),
-                                torch.tensor([1]), return_plan=True)  # fmt: skip
+                                torch.tensor([1]), words="content", return_plan=True)  # fmt: skip
     assert out.distances.item() == pytest.approx(0.0, abs=1e-6)
     torch.testing.assert_close(out.plan[0, 1:3], torch.tensor([[0.0, 0.5], [0.5, 0.0]]), atol=1e-6, rtol=0)
 
 
-def test_word_positions_drop_cls_sep_and_padding():
+def test_word_positions_all_or_without_cls_sep_never_padding():
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    assert word_positions(mask).tolist() == [[False, True, True, False, False], [False, True, True, True, False]]
+    assert word_positions(mask, "content").tolist() == [[False, True, True, False, False],
+                                                        [False, True, True, True, False]]
+    assert word_positions(mask).tolist() == mask.tolist()  # UNITER: [CLS] and [SEP] are words too
+    with pytest.raises(ValueError, match="words"):
+        word_positions(mask, "tokens")
+
+
+def test_wra_default_words_include_cls_and_sep():
+    """UNITER's words are every real text position: with one region, each of the T words sends its
+    1/T to it, so the distance is the mean cosine distance over [CLS], w and [SEP]."""
+    gen = torch.Generator().manual_seed(5)
+    text, regions = torch.randn(1, 3, H, generator=gen), torch.randn(1, 1, H, generator=gen)
+    out = word_region_alignment(text, regions, torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool),
+                                torch.tensor([1]))
+    expected = np.mean([1 - _cos(text[0, i], regions[0, 0]) for i in range(3)])
+    assert out.distances.item() == pytest.approx(expected, rel=1e-4)

@@ -36,7 +36,21 @@ def test_fit_matches_numpy_least_squares():
     assert weight.shape == (8, 16) and bias.shape == (8,) and weight.dtype == torch.float32
 
 
-def test_regions_start_at_their_class_names_inside_the_embedder():
+def test_fit_on_raw_features_matches_numpy_least_squares():
+    """UNITER's input (model.region_feature_norm none): the fit reads the raw features."""
+    gen = torch.Generator().manual_seed(2)
+    features = torch.rand(300, 12, generator=gen) * 3
+    soft = torch.softmax(torch.randn(300, 4, generator=gen) * 2, dim=1)
+    names = torch.randn(4, 6, generator=gen)
+    weight, bias = class_name_projection(features, soft, names, feature_eps=None, ridge=1e-12)
+    design = np.concatenate([features.double().numpy(), np.ones((300, 1))], axis=1)
+    coef, *_ = np.linalg.lstsq(design, (soft.double() @ names.double()).numpy(), rcond=None)
+    np.testing.assert_allclose(weight.double().numpy().T, coef[:-1], atol=1e-5)
+    np.testing.assert_allclose(bias.double().numpy(), coef[-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["none", "standardize"])
+def test_regions_start_at_their_class_names_inside_the_embedder(norm):
     gen = torch.Generator().manual_seed(1)
     num_classes, dim, hidden = 6, 32, 16
     prototypes = torch.rand(num_classes, dim, generator=gen) * 4  # non-negative, like detector features
@@ -45,13 +59,14 @@ def test_regions_start_at_their_class_names_inside_the_embedder():
     soft = F.one_hot(labels, num_classes).float()
     names = torch.randn(num_classes, hidden, generator=gen)
     names[0] = 0  # background: no name
-    weight, bias = class_name_projection(features, soft, names, feature_eps=FEATURE_STD_EPS)
-    embedder = ImageEmbeddings(UniterConfig(hidden_size=hidden, num_layers=1, num_heads=2, intermediate_size=32),
-                               dim)
+    eps = FEATURE_STD_EPS if norm == "standardize" else None
+    weight, bias = class_name_projection(features, soft, names, feature_eps=eps)
+    embedder = ImageEmbeddings(UniterConfig(hidden_size=hidden, num_layers=1, num_heads=2, intermediate_size=32,
+                                            region_feature_norm=norm), dim)
     with torch.no_grad():
         embedder.feat_proj.weight.copy_(weight)
         embedder.feat_proj.bias.copy_(bias)
-    projected = embedder.feat_proj(F.layer_norm(features, (dim,), eps=FEATURE_STD_EPS))
+    projected = embedder.feat_proj(embedder.project_input(features))
     cos = F.cosine_similarity(projected[:, None, :], names[None, 1:, :], dim=-1)  # vs every named class
     assert (cos.argmax(1) + 1 == labels).float().mean() == 1.0
     assert cos.gather(1, (labels - 1)[:, None]).min() > 0.95

@@ -94,11 +94,13 @@ def test_gradients_reach_encoder_and_head(name):
     assert out.logits.shape == shape and out.metrics["n_examples"] == shape[0]
     out.loss.backward()
     for pname, p in model.named_parameters():
-        if name in ("retrieval_softmax", "vcr_softmax") and pname in ("scorer.bias", "head.3.bias"):
-            # a bias shared by every candidate cancels in the softmax over a group: its gradient is
-            # zero here up to float rounding (VCR's "wrong" logit is not used by the softmax at all)
+        if name in ("retrieval_softmax", "vcr_softmax", "refexp") and pname in ("scorer.bias", "head.3.bias"):
+            # a bias shared by every candidate cancels in the softmax over a group (RefCOCO+: over the
+            # regions): its gradient is zero here up to float rounding (VCR's "wrong" logit is not
+            # used by the softmax at all)
             assert p.grad is not None and p.grad.abs().sum() < 1e-6
-        elif pname.startswith(unused):
+        elif pname.startswith(unused) or pname.endswith("img_embeddings.mask_embedding"):
+            # (the mask vector is MRM's: fine-tuning masks no region; it stays in the encoder, as in UNITER)
             assert p.grad is None or p.grad.abs().sum() == 0, f"{name}: {pname} should not train"
         else:
             assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}: no gradient for {pname}"

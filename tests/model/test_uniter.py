@@ -119,21 +119,32 @@ def test_padding_does_not_change_real_outputs():
     torch.testing.assert_close(out[:, 17:], out_padded[:, 17 + pad : 17 + pad + 5], atol=1e-5, rtol=0)
 
 
-def test_masked_regions_are_zeroed_and_inputs_checked():
+@pytest.mark.parametrize("norm", ["none", "standardize"])
+def test_masked_regions_get_the_mask_embedding_and_inputs_checked(norm):
+    """UNITER's UniterImageEmbeddings: a masked region's (projected-side) feature is zero plus the
+    learned mask vector, which gets gradient from masked regions only."""
     torch.manual_seed(1)
-    model = UniterModel(UniterConfig.from_preset("tiny"), img_dim=12).eval()
+    model = UniterModel(UniterConfig.from_preset("tiny", region_feature_norm=norm), img_dim=12).eval()
     ids, mask = _text_batch()
     feat, pos, img_mask = _image_inputs(3, 5, 12)
     masked = torch.zeros(3, 5, dtype=torch.bool)
     masked[:, 2] = True
+    emb = model.img_embeddings
+    assert emb.mask_embedding.shape == (1, 12) and emb.mask_embedding.abs().sum() > 0
     with torch.no_grad():
         a = model(ids, mask, feat, pos, img_mask, masked)
-        zeroed = feat.clone()
-        zeroed[:, 2] = 0
-        b = model(ids, mask, zeroed, pos, img_mask)
         c = model(ids, mask, feat, pos, img_mask)
-    torch.testing.assert_close(a, b)
+        # by hand: the projection's input with row 2 replaced by the mask vector
+        inputs = emb.project_input(feat)
+        inputs[:, 2] = emb.mask_embedding[0]
+        by_hand = emb.norm(emb.feat_norm(emb.feat_proj(inputs)) + emb.pos_norm(emb.pos_proj(pos))
+                           + model.embeddings.token_type_embeddings.weight[1])
+        torch.testing.assert_close(emb(feat, pos, model.embeddings.token_type_embeddings.weight[1], masked), by_hand)
     assert not torch.allclose(a, c)
+    model(ids, mask, feat, pos, img_mask).sum().backward()
+    assert emb.mask_embedding.grad is None or emb.mask_embedding.grad.abs().sum() == 0
+    model(ids, mask, feat, pos, img_mask, masked).sum().backward()
+    assert emb.mask_embedding.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="img_dim=12"):
         model(ids, mask, torch.randn(3, 5, 11), pos, img_mask)
     with pytest.raises(ValueError, match="without img_pos"):
@@ -144,9 +155,11 @@ def test_region_embeddings_ignore_common_mode_weight_updates():
     """Adam's first updates of the feature projection on non-negative detector features have the
     form ``u 1^T`` (one sign per weight row); they used to shift every region the same way until
     all regions looked alike. The standardized input makes such an update a no-op, while a
-    region-specific change of the input still changes that region only."""
+    region-specific change of the input still changes that region only (``region_feature_norm:
+    standardize``; UNITER's raw input has no such protection)."""
     torch.manual_seed(3)
-    model = UniterModel(UniterConfig.from_preset("tiny", dropout=0.0), img_dim=12).eval()
+    model = UniterModel(UniterConfig.from_preset("tiny", dropout=0.0, region_feature_norm="standardize"),
+                        img_dim=12).eval()
     emb = model.img_embeddings
     feat = torch.relu(torch.randn(2, 6, 12) + 0.5)  # non-negative, like pooled ReLU features
     pos, type_emb = torch.rand(2, 6, 7), torch.zeros(32)
@@ -160,6 +173,11 @@ def test_region_embeddings_ignore_common_mode_weight_updates():
     torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
     assert not torch.allclose(moved[0, 2], after[0, 2], atol=1e-3)
     torch.testing.assert_close(moved[:, [0, 1, 3, 4, 5]], after[:, [0, 1, 3, 4, 5]])
+    raw = UniterModel(UniterConfig.from_preset("tiny", dropout=0.0), img_dim=12).eval().img_embeddings
+    with torch.no_grad():
+        before = raw(feat, pos, type_emb)
+        raw.feat_proj.weight += 0.05 * torch.randn(32, 1) * torch.ones(1, 12)
+        assert not torch.allclose(raw(feat, pos, type_emb), before, atol=1e-3)
 
 
 

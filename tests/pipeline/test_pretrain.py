@@ -71,6 +71,11 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     assert itm["batches"] <= 2 and 0 < itm["matched"] < itm["examples"]
     run = json.loads((first_stage / "_run.json").read_text())
     assert run["counts"]["task_steps"] == TaskSchedule(params.pretrain.mix_ratio, seed=params.seed).counts(16)
+    # UNITER's fixed dataset ratios (COCO:VG 1:1 by default): one stream per (task, dataset)
+    assert report["recipe"] == "project" and report["dataset_ratio"] == {"coco": 1.0, "vg": 1.0}
+    streams = run["counts"]["stream_steps"]
+    assert sum(streams.values()) == 16 and {s.split("/")[1] for s in streams} == {"coco", "vg"}
+    assert set(run["counts"]["train_examples"]) == set(streams)
     phases = run["timings_s"]  # where the wall time went, phase by phase
     assert set(phases) == {"startup", "baseline_eval", "train", "validation", "checkpoint", "text_only_eval",
                            "export"} and min(phases.values()) >= 0 and phases["train"] > 0

@@ -139,3 +139,20 @@ def test_loader_with_workers_gives_the_same_batches_and_respects_the_budget(dbs)
     assert sum(b["input_ids"].shape[0] for b in batches[0]) == len(ds)
     sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=200, seed=4)
     assert [len(b) for b in sampler] == [b["input_ids"].shape[0] for b in batches[0]]
+
+
+def test_a_dataset_stream_keeps_its_own_examples_and_itm_negatives(dbs):
+    """One stream per (task, dataset), as UNITER's loaders: only that dataset's examples, and ITM
+    negatives drawn from that dataset's images."""
+    merged = dataset(dbs, "itm")
+    parts = {d: dataset(dbs, "itm", datasets=(d,)) for d in ("coco", "vg")}
+    assert sum(len(p) for p in parts.values()) == len(merged)
+    for name, part in parts.items():
+        assert {part.image_ids(i)[0].split("/")[0] for i in range(len(part))} == {name}
+        assert {img[0].split("/")[0] for img in part.image_pool} == {name}
+        assert {part[i]["itm_target"] for i in range(len(part))} == {0, 1}
+    # the same index in two datasets' streams gets independent masks
+    coco, vg = (dataset(dbs, "mlm", datasets=(d,)) for d in ("coco", "vg"))
+    assert coco.generator(0).initial_seed() != vg.generator(0).initial_seed()
+    with pytest.raises(ValueError, match="no example of dataset"):
+        dataset(dbs, "mlm", datasets=("sbu",))

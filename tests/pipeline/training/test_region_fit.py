@@ -48,21 +48,24 @@ def test_sample_reads_every_region_of_the_drawn_training_images_only(data):
     assert torch.equal(few, again) and 0 < few.shape[0] < total
 
 
-def test_fit_is_written_into_the_region_projection(data):
+@pytest.mark.parametrize("norm", ["none", "standardize"])
+def test_fit_is_written_into_the_region_projection(data, norm):
+    """The fit reads what the projection reads: raw features (UNITER's input) or standardized ones."""
     from model.region_init import class_name_embeddings, class_name_projection
     from model.uniter import FEATURE_STD_EPS, UniterConfig, UniterModel
     from pipeline.tokenization import WordPieceTokenizer
     from pipeline.training.region_init import init_region_projection, sample_regions, shared_class_names
 
     group, meta, keys = _group(data)
-    config = UniterConfig.from_preset("tiny", vocab_size=int(meta["vocab_size"]))
+    config = UniterConfig.from_preset("tiny", vocab_size=int(meta["vocab_size"]), region_feature_norm=norm)
     model = UniterModel(config, img_dim=group.feature_dim)
     report = init_region_projection(model, group, meta, image_keys=keys, max_images=6, seed=3)
     feats, soft = sample_regions(group, image_keys=keys, max_images=6, seed=3)
     tok = WordPieceTokenizer(meta["tokenizer"])
     names = class_name_embeddings(model.embeddings.word_embeddings.weight.detach(),
                                   [tok.encode(n) for n in shared_class_names(group)])
-    weight, bias = class_name_projection(feats, soft, names, feature_eps=FEATURE_STD_EPS)
+    weight, bias = class_name_projection(feats, soft, names, feature_eps=FEATURE_STD_EPS if norm == "standardize"
+                                         else None)
     assert torch.equal(model.img_embeddings.feat_proj.weight, weight)
     assert torch.equal(model.img_embeddings.feat_proj.bias, bias)
     assert report["regions"] == feats.shape[0] and report["classes"] == len(shared_class_names(group))
