@@ -9,8 +9,8 @@ Views (separate DBs, so neither overwrites the other):
 - ``vcr_qa_<split>``: ``input_ids`` = question, ``choices`` = 4 answers, ``label`` = answer_label
 - ``vcr_qar_<split>``: ``input_ids`` = question, ``answer_choices``, ``answer_label``,
   ``choices`` = 4 rationales, ``label`` = rationale_label (-1 where unknown, i.e. test)
-- ``pretrain_vcr_{train,val}``: ``input_ids`` = question + gold answer + gold rationale (second-
-  stage pretraining text).
+Second-stage pretraining reads the same DBs (its gold-choice views, pipeline/training/vcr_views.py),
+as UNITER's VCR pretraining reads its fine-tuning text DB.
 Truncation to ``max_len`` is longest-part-first over the parts a view concatenates, so every
 question+choice (+rationale) combination fits; truncated records are counted.
 
@@ -135,7 +135,7 @@ def _label(value: Any) -> int:
 
 
 def vcr_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> list[TextDbSpec]:
-    """All VCR text DBs (qa and qar views per split, plus pretrain_vcr_{train,val})."""
+    """All VCR text DBs (qa and qar views per split)."""
     frame = read_manifest(manifest)
     split = map_splits(frame, "vcr", manifest)
     enc = _SegmentEncoder(tok)
@@ -169,16 +169,9 @@ def vcr_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> list[
                "answer_label": a_label, "choices": [_arr(r, nr) for r in rationales], "label": r_label}
         _add(views, truncated, f"vcr_qar_{name}", qar, (nq, na, nr) != (len(q), a_max, r_max))
 
-        if name in ("train", "val") and a_label >= 0 and r_label >= 0:
-            parts = [q, answers[a_label], rationales[r_label]]
-            kept = fit_lengths([len(p) for p in parts], max_len)
-            ids = np.concatenate([_arr(p, n) for p, n in zip(parts, kept)])
-            _add(views, truncated, f"pretrain_vcr_{name}", {**base, "input_ids": ids}, kept != [len(p) for p in parts])
-
     specs = []
     for db_name in sorted(views):
-        task = "pretrain" if db_name.startswith("pretrain") else db_name.rsplit("_", 1)[0]
-        db_split = db_name.rsplit("_", 1)[1]
+        task, db_split = db_name.rsplit("_", 1)
         specs.append(TextDbSpec(db_name, task, db_split, ["vcr"], "concat", max_len, views[db_name]["records"],
                                 truncated[db_name], meta={"obj_tags": _tag_meta(tok, enc.max_object)}))
     return specs

@@ -27,7 +27,6 @@ from pipeline.vqa_answers import answer_score, normalize_answer
 OVERRIDES = ("build_dbs.commit_every=2", "build_dbs.vqa_min_answer_count=1")
 TEXT_DBS = {
     *(f"pretrain_{d}_{s}" for d in ("indomain", "outdomain") for s in ("train", "val")),
-    "pretrain_vcr_train", "pretrain_vcr_val",
     *(f"vqa_{s}" for s in ("train", "val", "test")),
     *(f"vcr_{v}_{s}" for v in ("qa", "qar") for s in ("train", "val", "test")),
     *(f"nlvr2_{s}" for s in ("train", "dev", "test")),
@@ -176,8 +175,6 @@ def test_vcr_views_object_tags_and_truncation(built, tok):
     assert qa.meta["obj_tags"]["ids"] == tag
     test = TextDb(data / "db" / "txt" / "vcr_qar_test")
     assert test[test.ids[0]]["label"] == -1 and test[test.ids[0]]["answer_label"] == -1
-    pre = TextDb(data / "db" / "txt" / "pretrain_vcr_train")["vcr-1"]
-    assert pre["input_ids"].tolist() == q + a["choices"][0].tolist() + r["choices"][0].tolist()
 
 
 def test_nlvr2_snli_refcoco_targets(built):

@@ -116,7 +116,7 @@ def test_examples_are_a_function_of_seed_epoch_and_index(dbs):
 
 
 def test_vcr_concatenates_given_and_detected_regions(dbs):
-    ds = dataset(dbs, "mrc_kl", ("pretrain_vcr_train",))
+    ds = dataset(dbs, "mrc_kl", ("vcr_qa_train",))
     d, eid = ds.example(0)
     gt, det = (ds.img_dbs[q] for q in ds.txt_dbs[d][eid]["image_ids"])
     ex = ds[0]
