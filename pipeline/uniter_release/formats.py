@@ -150,6 +150,8 @@ def image_record(fields: dict[str, np.ndarray], nbb: int, *, db: Path, key: str)
             or {bb.shape[0], conf.shape[0], soft.shape[0]} != {n}:
         raise EntryFormatError("bad_shape", f"{_where(db, key)}: features {feat.shape}, norm_bb {bb.shape}, conf "
                                f"{fields['conf'].shape}, soft_labels {soft.shape}; expected [n, D], [n, 6], [n], [n, C+1]")
+    if nbb < 1:
+        raise EntryFormatError("too_few_regions", f"{_where(db, key)}: the region count is {nbb}, expected at least 1")
     if nbb > n:
         raise EntryFormatError("too_few_regions", f"{_where(db, key)}: the nbb file says {nbb} regions, the entry has {n}")
     bb6 = bb[:nbb, :NORM_BB_COLUMNS].astype(np.float32)

@@ -14,7 +14,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import lmdb
 import numpy as np
@@ -104,7 +104,11 @@ def _index(dbs: Sequence[ReleaseImageDb], txns: Sequence[Any], skips: SkipLog) -
     entries = []
     for d, (db, txn) in enumerate(zip(dbs, txns)):
         for raw in txn.cursor().iternext(keys=True, values=False):
-            name = bytes(raw).decode("utf-8", "replace")
+            try:
+                name = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                skips.add("unmapped_name", f"{db.lmdb_path}: key {bytes(raw)!r} is not UTF-8")
+                continue
             if name == KEYS_ENTRY:
                 continue
             iid = image_id(name, db.directory)
@@ -119,75 +123,92 @@ def _index(dbs: Sequence[ReleaseImageDb], txns: Sequence[Any], skips: SkipLog) -
     return entries
 
 
+@dataclass
+class _Tally:
+    """What one image DB received: regions kept per image, regions dropped, where counts came from."""
+
+    nbb: dict[str, int] = field(default_factory=dict)
+    beyond_nbb: int = 0
+    nbb_from: Counter = field(default_factory=Counter)
+    shape: tuple[int, int] | None = None  # (D, C+1) of the first image written
+
+    def counts(self) -> dict[str, Any]:
+        return {"images": len(self.nbb), "regions": sum(self.nbb.values()), "regions_beyond_nbb": self.beyond_nbb,
+                "nbb_from": dict(sorted(self.nbb_from.items()))}
+
+
+def _records(dbs: Sequence[ReleaseImageDb], txns: Sequence[Any], entries: list[tuple[bytes, int, str]], rule: Rule,
+             skips: SkipLog, tally: _Tally) -> Iterator[tuple[bytes, str, dict[str, Any]]]:
+    """(key, release name, project record) of each entry that converts; the others go to ``skips``."""
+    for key, d, fname in entries:
+        db = dbs[d]
+        try:
+            fields = decode_image_entry(txns[d].get(fname.encode("utf-8")), compressed=db.compressed,
+                                        db=db.lmdb_path, key=fname)
+            nbb, how = _num_bb(db, fname, fields, rule)
+            rec = image_record(fields, nbb, db=db.lmdb_path, key=fname)
+        except EntryFormatError as err:
+            skips.add(err.reason, str(err))
+            continue
+        dims = (rec["features"].shape[1], rec["soft_labels"].shape[1])
+        if tally.shape is not None and dims != tally.shape:
+            skips.add("bad_shape", f"{db.lmdb_path}: {fname!r} has D, C+1 = {dims}, the DB so far {tally.shape}")
+            continue
+        tally.shape = dims
+        tally.nbb[key.decode("utf-8")] = nbb
+        tally.nbb_from[how] += 1
+        tally.beyond_nbb += fields["features"].shape[0] - nbb
+        yield key, fname, rec
+
+
+def _image_meta(name: str, dbs: Sequence[ReleaseImageDb], rule: Rule, tally: _Tally, class_names: list[str] | None,
+                build: dict[str, Any]) -> dict[str, Any]:
+    dim, classes = tally.shape
+    if class_names is not None and len(class_names) + 1 != classes:
+        raise SourceFormatError(f"build_dbs.uniter_release.class_names lists {len(class_names)} classes, but the "
+                                f"soft labels of {name} have {classes} columns (classes + background)")
+    return {"kind": IMG_DB_KIND, "name": name, "format_version": FORMAT_VERSION, "feature_dim": dim,
+            "num_classes": classes,
+            "class_names": ["__background__", *class_names] if class_names is not None else None,
+            "detector": "uniter_release", "mode": "detected", "num_images": len(tally.nbb),
+            "num_regions": sum(tally.nbb.values()), "build": build,
+            "dtypes": {k: np.dtype(v).name for k, v in PER_REGION.items()},
+            "boxes": "normalized corners (the release stores no image size; image_h = image_w = 1)",
+            "source": {"uniter_release": [str(db.lmdb_path) for db in dbs], "rule": vars(rule)},
+            "value": "compressed msgpack map; arrays as {data: raw bytes, dtype, shape}"}
+
+
 def convert_image_db(name: str, dbs: Sequence[ReleaseImageDb], out_dir: Path, rule: Rule, *,
                      class_names: list[str] | None, compression: str, commit_every: int,
                      params_digest: str) -> tuple[dict[str, Any], dict[str, str]]:
     """Write image DB ``name`` at ``out_dir`` from the release DBs ``dbs``.
 
-    Returns (report entry, {release image name: qualified id ``"<name>/<id>"``} of every image written).
+    Returns (report entry, {release image name: qualified id ``"<name>/<id>"``} of every image
+    written). When no entry converts, nothing is written (an earlier DB at ``out_dir`` stays).
     """
-    skips, written = SkipLog(), {}
+    skips, tally, written = SkipLog(), _Tally(), {}
     envs = [_open(db.lmdb_path) for db in dbs]
     try:
         txns = [env.begin(buffers=True) for env in envs]
         entries = _index(dbs, txns, skips)
-        nbb_out: dict[str, int] = {}
-        shape: tuple[int, int] | None = None
-        regions = dropped_regions = 0
-        nbb_source = Counter()
         run = RunRecord(STAGE, params_digest)
         with atomic_dir(out_dir, stage=STAGE) as tmp:
             writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))
             try:
-                for key, d, fname in track(entries, desc=f"import image DB {name}", unit="img", mininterval=2.0):
-                    db = dbs[d]
-                    try:
-                        fields = decode_image_entry(txns[d].get(fname.encode("utf-8")), compressed=db.compressed,
-                                                    db=db.lmdb_path, key=fname)
-                        nbb, how = _num_bb(db, fname, fields, rule)
-                        rec = image_record(fields, nbb, db=db.lmdb_path, key=fname)
-                    except EntryFormatError as err:
-                        skips.add(err.reason, str(err))
-                        continue
-                    dims = (rec["features"].shape[1], rec["soft_labels"].shape[1])
-                    if shape is not None and dims != shape:
-                        skips.add("bad_shape", f"{db.lmdb_path}: {fname!r} has D, C+1 = {dims}, the DB so far {shape}")
-                        continue
-                    shape = dims
-                    nbb_source[how] += 1
-                    iid = key.decode("utf-8")
+                records = _records(dbs, txns, entries, rule, skips, tally)
+                for key, fname, rec in track(records, desc=f"import image DB {name}", unit="img", mininterval=2.0):
                     writer.put(key, encode_value(rec, compression))
-                    nbb_out[iid] = nbb
-                    written[fname] = f"{name}/{iid}"
-                    regions += nbb
-                    dropped_regions += fields["features"].shape[0] - nbb
-                if not nbb_out:
-                    writer.abort()
+                    written[fname] = f"{name}/{key.decode('utf-8')}"
+                if not written:
                     raise _NothingWritten()
                 mdb = writer.finish(tmp)
-            except _NothingWritten:
-                raise
             except BaseException:
                 writer.abort()
                 raise
-            dim, classes = shape
-            if class_names is not None and len(class_names) + 1 != classes:
-                raise SourceFormatError(f"build_dbs.uniter_release.class_names lists {len(class_names)} classes, but the "
-                                        f"soft labels of {name} have {classes} columns (classes + background)")
-            atomic_write_json(tmp / NBB_FILE, nbb_out, indent=None)
-            meta = {"kind": IMG_DB_KIND, "name": name, "format_version": FORMAT_VERSION, "feature_dim": dim,
-                    "num_classes": classes,
-                    "class_names": ["__background__", *class_names] if class_names is not None else None,
-                    "detector": "uniter_release", "mode": "detected", "num_images": len(nbb_out),
-                    "num_regions": regions, "build": {"compression": compression, "commit_every": commit_every},
-                    "dtypes": {k: np.dtype(v).name for k, v in PER_REGION.items()},
-                    "boxes": "normalized corners (the release stores no image size; image_h = image_w = 1)",
-                    "source": {"uniter_release": [str(db.lmdb_path) for db in dbs], "rule": vars(rule)},
-                    "value": "compressed msgpack map; arrays as {data: raw bytes, dtype, shape}"}
-            atomic_write_json(tmp / META_FILE, meta)
-            counts = {"images": len(nbb_out), "regions": regions, "regions_beyond_nbb": dropped_regions,
-                      "nbb_from": dict(sorted(nbb_source.items())), **skips.as_dict()}
-            run.counts.update(counts, db_bytes=mdb.stat().st_size)
+            build = {"compression": compression, "commit_every": commit_every}
+            atomic_write_json(tmp / META_FILE, _image_meta(name, dbs, rule, tally, class_names, build))
+            atomic_write_json(tmp / NBB_FILE, tally.nbb, indent=None)
+            run.counts.update(tally.counts(), **skips.as_dict(), db_bytes=mdb.stat().st_size)
             run.extra["data_mdb_sha256"] = file_digest(mdb)
             run.write(tmp)
     except _NothingWritten:
@@ -195,9 +216,8 @@ def convert_image_db(name: str, dbs: Sequence[ReleaseImageDb], out_dir: Path, ru
     finally:
         for env in envs:
             env.close()
-    log.info("image DB %s: %d images, %d regions imported, %d skipped", name, len(nbb_out), regions,
-             sum(skips.counts.values()))
-    return {"written": True, "release_dbs": [str(db.lmdb_path) for db in dbs], **counts}, written
+    log.info("image DB %s: %d images imported, %d skipped", name, len(written), sum(skips.counts.values()))
+    return {"written": True, "release_dbs": [str(db.lmdb_path) for db in dbs], **tally.counts(), **skips.as_dict()}, written
 
 
 class _NothingWritten(Exception):

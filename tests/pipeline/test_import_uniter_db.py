@@ -128,9 +128,10 @@ def release(tmp_path_factory, tok):
     val = {coco("val2014", 42): regions(rng, 12)}
     broken = {coco("val2014", 7): {k: v for k, v in regions(rng, 10).items() if k != "soft_labels"},
               coco("val2014", 8): regions(rng, 10), coco("val2014", 77): regions(rng, 10)}
-    # compressed archives with an nbb file; one entry it does not list, one it over-counts
-    write_img_db(root, "coco_train2014", train | {coco("train2014", 5): regions(rng, 10)}, compressed=True,
-                 nbb={coco("train2014", 9): 11, coco("train2014", 25): 10, "coco_train2014_000000000099.npz": 3},
+    # compressed archives with an nbb file; one entry it does not list, one it gives no region
+    write_img_db(root, "coco_train2014", train | {coco("train2014", k): regions(rng, 10) for k in (5, 6)},
+                 compressed=True, nbb={coco("train2014", 9): 11, coco("train2014", 25): 10, coco("train2014", 6): 0,
+                                       "coco_train2014_000000000099.npz": 3},
                  raw={"readme.txt": b"not an image"})
     write_img_db(root, "coco_val2014", val | broken, compressed=False,
                  nbb={coco("val2014", 42): 12, coco("val2014", 7): 10, coco("val2014", 8): 11, coco("val2014", 77): 10})
@@ -209,13 +210,13 @@ def test_region_count_rule_without_nbb_file(imported):
 def test_skipped_image_entries_are_counted_by_reason(imported):
     data, report, _ = imported
     coco_report = report["image_dbs"]["coco"]
-    assert coco_report["skipped"] == {"missing_field": 1, "not_in_nbb": 1, "too_few_regions": 1, "unmapped_name": 1}
+    assert coco_report["skipped"] == {"missing_field": 1, "not_in_nbb": 1, "too_few_regions": 2, "unmapped_name": 1}
     assert any("soft_labels" in s for s in coco_report["skipped_samples"]["missing_field"])
     assert sorted(ImageDb(data / "db" / "img" / "coco").nbb) == ["25", "42", "77", "9"]
     assert set(ImageDb(data / "db" / "img" / "nlvr2").nbb) == {f"dev-{p}-img{k}" for p in ("1-0", "2-1") for k in (0, 1)}
     assert report["image_dbs"]["release:img_db/vcr_gt_train"]["written"] is False
     md = (data / "reports" / "uniter_import" / "report.md").read_text()
-    assert "`coco`" in md and "missing_field: 1" in md
+    assert "`coco`" in md and "missing_field: 1" in md and "too_few_regions: 2" in md
 
 
 # --------------------------------------------------------------------------------------------
