@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.config import RUNS_DIR_ENV
+from pipeline.results import DEV_MARK
 
 RESULTS_METRICS = "reports/results.json"  # below the data dir, as dvc exp show names it
 RUN_PARAMS = "params.yaml"  # an Airflow run's params file, in runs/<run_name>/
@@ -44,12 +45,13 @@ def _fmt(value: Any) -> str:
 
 
 def results_table(results: Mapping[str, Any]) -> Table:
-    table = Table(title="Results (percent)", box=box.SIMPLE_HEAD)
+    table = Table(title="Results (percent, test splits)", box=box.SIMPLE_HEAD)
     for name, justify in (("task", "left"), ("metric", "left"), ("pretrained", "right"), ("scratch", "right"),
                           ("gain", "right"), ("zero-shot", "right"), ("chance", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in results["rows"]:
-        table.add_row(r["task"], r["label"], _fmt(r["pretrained"]), _fmt(r["scratch"]), _fmt(r["gain"]),
+        label = r["label"] + (DEV_MARK if r.get("split") == "dev" else "")
+        table.add_row(r["task"], label, _fmt(r["pretrained"]), _fmt(r["scratch"]), _fmt(r["gain"]),
                       _fmt(r["zero_shot"]), _fmt(r["chance"]))
     m = results["meta_sum"]
     table.add_row("Meta-Sum", f"{m['terms']} scores", _fmt(m["pretrained"]), _fmt(m["scratch"]), _fmt(m.get("gain")),

@@ -19,7 +19,7 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
-from pipeline.configs.finetune import FinetuneConfig, TaskConfig
+from pipeline.configs.finetune import TASK_SPLITS, FinetuneConfig, TaskConfig, TaskSplits
 from pipeline.stores import ImageDbGroup, TextDb
 from pipeline.tasks.data import Regions, TaskDataset, collate_rows
 
@@ -62,14 +62,18 @@ class FinetuneTask:
         init_stage: the pretraining export it starts from (``data/models/<init_stage>``).
         streams: training streams; with several, the steps alternate between them by a seeded
             schedule of equal ratios (VCR: Q→A and QA→R; retrieval: text→image and image→text).
-        summary: ``(label, "split/metric")`` pairs that go into the results table and the Meta-Sum.
-        chance_key: metrics that are chance levels (reported, never summed).
+        headline: ``(label, metric)`` pairs of the results table; the label's ``{split}`` names the
+            split reported (:attr:`summary`).
+
+    Splits come from ``pipeline.configs.finetune.TASK_SPLITS``: every task scores its dev split(s),
+    where choices are made, and its test split(s), which are only reported. Several test splits
+    (RefCOCO+ testA and testB) are also scored pooled, as ``"testA+testB"``.
     """
 
     name: str = ""
     init_stage: str = "pretrain"
     streams: tuple[str, ...] = ()
-    summary: tuple[tuple[str, str], ...] = ()
+    headline: tuple[tuple[str, str], ...] = ()
     has_zero_shot: bool = False
 
     def __init__(self, ctx: TaskContext) -> None:
@@ -77,6 +81,37 @@ class FinetuneTask:
         self._txt: dict[str, TextDb] = {}
         self._img: ImageDbGroup | None = None
         self._labelled: dict[tuple[str, ...], list[str]] = {}
+
+    # -- splits --------------------------------------------------------------------------------
+
+    @property
+    def splits(self) -> TaskSplits:
+        return TASK_SPLITS[self.name]
+
+    @property
+    def dev_split(self) -> str:
+        """The split choices are made on, and the training-format held-out batches come from."""
+        return pooled(self.splits.dev)
+
+    @property
+    def test_split(self) -> str:
+        return pooled(self.splits.test)
+
+    def test_labelled(self) -> bool:
+        """Whether the test labels are here. Real VQA and VCR test labels live on an evaluation server:
+        without the mini world's stand-in file the test split is predicted, never scored."""
+        return True
+
+    @property
+    def reported_split(self) -> str:
+        """The split of the results table: test, or dev where the test labels are not here."""
+        return self.test_split if self.test_labelled() else self.dev_split
+
+    @property
+    def summary(self) -> tuple[tuple[str, str], ...]:
+        """``(label, "split/metric")`` pairs that go into the results table and the Meta-Sum."""
+        split = self.reported_split
+        return tuple((label.format(split=split), f"{split}/{metric}") for label, metric in self.headline)
 
     # -- stores --------------------------------------------------------------------------------
 
@@ -138,7 +173,7 @@ class FinetuneTask:
         raise NotImplementedError
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        """Labelled examples of the first evaluation split, in the training format (dvclive val curves)."""
+        """Labelled examples of the dev split, in the training format (dvclive val curves)."""
         raise NotImplementedError
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -163,12 +198,12 @@ class FinetuneTask:
         raise NotImplementedError
 
     def chance(self) -> dict[str, float]:
-        """Chance level of each ``summary`` metric ({"split/metric": percent})."""
+        """Chance level of each headline metric on every scored split ({"split/metric": percent})."""
         raise NotImplementedError
 
     def references(self) -> dict[str, dict[str, Any]]:
         """Model-free reference levels beyond chance, by name: ``{"label": what it is, "split/metric":
-        percent, ...}`` (RefCOCO+: the class oracle). Empty for most tasks."""
+        percent, ...}`` on every scored split (RefCOCO+: the class oracle). Empty for most tasks."""
         return {}
 
     def model_info(self) -> dict[str, Any]:
@@ -192,6 +227,11 @@ class FinetuneModule(nn.Module):
         out = self._task.train_forward(self.model, batch, stream)
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith("n_")}
         return SimpleNamespace(loss=out.loss, metrics=metrics)
+
+
+def pooled(splits: tuple[str, ...]) -> str:
+    """The name of splits scored together: ``("testA", "testB")`` -> ``"testA+testB"``."""
+    return "+".join(splits)
 
 
 def percent(correct: float, total: int) -> float:

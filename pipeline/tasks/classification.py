@@ -1,9 +1,9 @@
 """Single-label classification tasks over ``<task>_{train,dev,test}`` text DBs (NLVR2, SNLI-VE).
 
-What these tasks share: training on ``train``, holding out ``dev``, accuracy on dev and test by the
-argmax of the head's logits against the example's ``label``, and the chance level of always
-answering the most frequent training label. A subclass says how an example becomes rows
-(``dataset``) and which ``model.tasks`` head it trains (``build_model``).
+What these tasks share: training on ``train``, holding out ``dev``, accuracy on the dev and test
+splits of ``TASK_SPLITS`` by the argmax of the head's logits against the example's ``label``, and
+the chance level of always answering the most frequent training label. A subclass says how an
+example becomes rows (``dataset``) and which ``model.tasks`` head it trains (``build_model``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from torch import nn
 
 from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
 from pipeline.tasks.data import TaskDataset, eval_batches
-
-EVAL_SPLITS = ("dev", "test")
 
 
 class ClassificationTask(FinetuneTask):
@@ -31,13 +29,13 @@ class ClassificationTask(FinetuneTask):
         raise NotImplementedError
 
     def text_dbs(self) -> list[str]:
-        return [f"{self.name}_train", *(f"{self.name}_{s}" for s in EVAL_SPLITS)]
+        return [f"{self.name}_train", *(f"{self.name}_{s}" for s in self.splits.scored)]
 
     def train_dataset(self, stream: str) -> TaskDataset:
         return self.dataset("train")
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset(EVAL_SPLITS[0])
+        return self.dataset(self.dev_split)
 
     def correct(self, model: nn.Module, dataset: TaskDataset, device: torch.device) -> int:
         """Items whose argmax class (logits [items, classes]) equals their target."""
@@ -50,7 +48,7 @@ class ClassificationTask(FinetuneTask):
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         """``{split: {"accuracy": percent, "examples": n}}`` for dev and test; no artifacts."""
         metrics = {}
-        for split in EVAL_SPLITS:
+        for split in self.splits.scored:
             ds = self.dataset(split)
             metrics[split] = {"accuracy": percent(self.correct(model, ds, device), len(ds)), "examples": len(ds)}
         return EvalResult(metrics=metrics, artifacts={})
@@ -60,7 +58,7 @@ class ClassificationTask(FinetuneTask):
         train = self.db(f"{self.name}_train")
         majority = Counter(int(train[e]["label"]) for e in self.labelled(f"{self.name}_train")).most_common(1)[0][0]
         out = {}
-        for split in EVAL_SPLITS:
+        for split in self.splits.scored:
             db = self.db(f"{self.name}_{split}")
             ids = self.labelled(f"{self.name}_{split}")
             out[f"{split}/accuracy"] = percent(sum(int(db[e]["label"]) == majority for e in ids), len(ids))

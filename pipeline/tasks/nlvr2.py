@@ -26,7 +26,7 @@ from pipeline.tasks.data import TaskDataset, row, text_row
 class Nlvr2Task(ClassificationTask):
     name = "nlvr2"
     streams = ("nlvr2",)
-    summary = (("NLVR2 test acc", "test/accuracy"),)
+    headline = (("NLVR2 {split} acc", "accuracy"),)
 
     @property
     def variant(self) -> str:

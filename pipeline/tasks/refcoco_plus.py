@@ -3,8 +3,9 @@
 Text DBs ``refcoco_plus_{train,val,testA,testB}``: ``image_ids`` (detected boxes, ``coco``),
 ``gt_image_ids`` (the image's ground-truth boxes, ``coco_gt``), ``target_box`` (x1, y1, x2, y2
 pixels) and ``target_index`` (the ground-truth box that is the target, -1 if none).
-Training uses the ground-truth boxes (CE over regions, target ``target_index``). Evaluation runs
-every split twice: over the ground-truth boxes (``gt_accuracy``) and over the detector's boxes
+Training uses the ground-truth boxes (CE over regions, target ``target_index``). Evaluation scores
+val (dev), testA, testB and both test splits pooled (``testA+testB``, the reported score), each
+twice: over the ground-truth boxes (``gt_accuracy``) and over the detector's boxes
 (``det_accuracy``), taking the highest-scoring region's box. Chance level: the expected accuracy
 of picking a region uniformly at random (the share of regions at IoU >= 0.5), per split and mode.
 Reference level (``references``): the class oracle, which is told the target's detector class and
@@ -25,7 +26,6 @@ from model.tasks import UniterForRefExp
 from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
 from pipeline.tasks.data import TaskDataset, eval_batches, row, text_row
 
-EVAL_SPLITS = ("val", "testA", "testB")
 MODES = ("gt", "det")
 IOU_THRESHOLD = 0.5
 
@@ -55,10 +55,17 @@ def class_oracle_pick(soft_labels: np.ndarray, target_class: int) -> int:
 class RefcocoPlusTask(FinetuneTask):
     name = "refcoco_plus"
     streams = ("refcoco_plus",)
-    summary = (("RefCOCO+ val acc (detected boxes)", "val/det_accuracy"),)
+    headline = (("RefCOCO+ {split} acc (detected boxes)", "det_accuracy"),)
 
     def text_dbs(self) -> list[str]:
-        return ["refcoco_plus_train", *(f"refcoco_plus_{s}" for s in EVAL_SPLITS)]
+        return ["refcoco_plus_train", *(f"refcoco_plus_{s}" for s in self.splits.scored)]
+
+    def score_groups(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(metrics key, splits pooled under it): every scored split, then test's splits together."""
+        groups = [(s, (s,)) for s in self.splits.scored]
+        if len(self.splits.test) > 1:
+            groups.append((self.test_split, self.splits.test))
+        return groups
 
     def extra_image_dbs(self) -> list[str]:
         gt = self.db("refcoco_plus_train").meta.get("gt_img_db")
@@ -100,7 +107,7 @@ class RefcocoPlusTask(FinetuneTask):
         return self.dataset("train", "gt", with_target_only=True)
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset(EVAL_SPLITS[0], "gt", with_target_only=True)
+        return self.dataset(self.dev_split, "gt", with_target_only=True)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super().collate(items)
@@ -111,34 +118,40 @@ class RefcocoPlusTask(FinetuneTask):
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForRefExp(config, img_dim=img_dim)
 
-    def accuracy(self, model: nn.Module, split: str, mode: str, device: torch.device) -> tuple[float, int]:
+    def hits(self, model: nn.Module, split: str, mode: str, device: torch.device) -> tuple[int, int]:
+        """(expressions whose picked box hits the target, expressions) of ``split`` over ``mode``'s boxes."""
         ds = self.dataset(split, mode)
         hits = 0
         for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
                                   device):
             for pick, boxes, target in zip(out.logits.argmax(-1).tolist(), batch["boxes"], batch["target_boxes"]):
                 hits += int(box_iou(boxes[pick], target)[0, 0] >= IOU_THRESHOLD)
-        return percent(hits, len(ds)), len(ds)
+        return hits, len(ds)
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
+        counts = {(s, m): self.hits(model, s, m, device) for s in self.splits.scored for m in MODES}
         metrics: dict[str, dict[str, Any]] = {}
-        for split in EVAL_SPLITS:
+        for key, group in self.score_groups():
             for mode in MODES:
-                acc, n = self.accuracy(model, split, mode, device)
-                metrics.setdefault(split, {})[f"{mode}_accuracy"] = acc
-                metrics[split][f"{mode}_examples"] = n
+                hits, n = (sum(counts[(s, mode)][k] for s in group) for k in (0, 1))
+                metrics.setdefault(key, {})[f"{mode}_accuracy"] = percent(hits, n)
+                metrics[key][f"{mode}_examples"] = n
         return EvalResult(metrics=metrics, artifacts={})
 
     def chance(self) -> dict[str, float]:
-        out = {}
-        for split in EVAL_SPLITS:
+        shares: dict[tuple[str, str], list[float]] = {}
+        for split in self.splits.scored:
             db = self.db(f"refcoco_plus_{split}")
             for mode in MODES:
-                shares = []
                 for e in db.ids:
                     boxes = self.regions.get(self.images(db, e, mode))["boxes"]
-                    shares.append(float((box_iou(boxes, db[e]["target_box"])[:, 0] >= IOU_THRESHOLD).mean()))
-                out[f"{split}/{mode}_accuracy"] = percent(sum(shares), len(shares))
+                    hit = box_iou(boxes, db[e]["target_box"])[:, 0] >= IOU_THRESHOLD
+                    shares.setdefault((split, mode), []).append(float(hit.mean()))
+        out = {}
+        for key, group in self.score_groups():
+            for mode in MODES:
+                pooled_shares = [v for s in group for v in shares.get((s, mode), [])]
+                out[f"{key}/{mode}_accuracy"] = percent(sum(pooled_shares), len(pooled_shares))
         return out
 
     def references(self) -> dict[str, dict[str, Any]]:
@@ -146,7 +159,8 @@ class RefcocoPlusTask(FinetuneTask):
         ground-truth box; an expression whose target is not a ground-truth box counts as a miss."""
         oracle: dict[str, Any] = {"label": "class oracle (told the target's detector class, picks the most "
                                            "confident box of that class)"}
-        for split in EVAL_SPLITS:
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        for split in self.splits.scored:
             db = self.db(f"refcoco_plus_{split}")
             hits = dict.fromkeys(MODES, 0)
             for e in db.ids:
@@ -161,6 +175,9 @@ class RefcocoPlusTask(FinetuneTask):
                     pick = class_oracle_pick(regions["soft_labels"], target_class)
                     hits[mode] += int(pick >= 0 and box_iou(regions["boxes"][pick], rec["target_box"])[0, 0]
                                       >= IOU_THRESHOLD)
+            counts.update({(split, mode): (hits[mode], len(db.ids)) for mode in MODES})
+        for key, group in self.score_groups():
             for mode in MODES:
-                oracle[f"{split}/{mode}_accuracy"] = percent(hits[mode], len(db.ids))
+                hit, n = (sum(counts[(s, mode)][k] for s in group) for k in (0, 1))
+                oracle[f"{key}/{mode}_accuracy"] = percent(hit, n)
         return {"class_oracle": oracle}

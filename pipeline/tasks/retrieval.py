@@ -9,7 +9,7 @@ train_itm_hard_negatives.py), with ``finetune.retrieval_loss``: the hinge on sig
 (UNITER) or the softmax over the 1 + N candidates.
 
 Evaluation ranks every image for every caption (image retrieval, IR) and every caption for every
-image (text retrieval, TR) on the test split in streamed blocks (``retrieval_eval``). The
+image (text retrieval, TR) on the val (dev) and test splits in streamed blocks (``retrieval_eval``). The
 pretrained start is evaluated before training too, its score being the pretrained ITM head
 (``UniterForRetrieval.init_from_pretraining``): zero-shot retrieval.
 """
@@ -29,20 +29,18 @@ from pipeline.tasks.data import TaskDataset, mix_seed, row, text_row
 from pipeline.tasks.retrieval_eval import RECALL_KS, chance_recall, recall_at_k, streaming_topk
 from pipeline.training.engine import cast_batch
 
-EVAL_SPLIT = "test"
-HELD_OUT_SPLIT = "val"  # the training-format held-out batches of the dvclive curves
 ROW_KEYS = ("input_ids", "txt_mask", "img_feat", "img_pos", "img_mask")
 
 
 class RetrievalTask(FinetuneTask):
     name = "retrieval_flickr"
     streams = ("t2i", "i2t")
-    summary = (("Flickr IR R@1", f"{EVAL_SPLIT}/ir_r1"), ("Flickr TR R@1", f"{EVAL_SPLIT}/tr_r1"))
+    headline = (("Flickr {split} IR R@1", "ir_r1"), ("Flickr {split} TR R@1", "tr_r1"))
     has_zero_shot = True
     db_prefix = "retrieval_flickr"
 
     def text_dbs(self) -> list[str]:
-        return [f"{self.db_prefix}_train", f"{self.db_prefix}_{HELD_OUT_SPLIT}", f"{self.db_prefix}_{EVAL_SPLIT}"]
+        return [f"{self.db_prefix}_{s}" for s in ("train", *self.splits.scored)]
 
     def images_of(self, split: str) -> tuple[list[str], list[int]]:
         """(sorted image ids, image index of every caption in ``db.ids`` order)."""
@@ -55,7 +53,7 @@ class RetrievalTask(FinetuneTask):
         return self.pool_dataset("train", stream)
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.pool_dataset(HELD_OUT_SPLIT, stream)
+        return self.pool_dataset(self.dev_split, stream)
 
     def pool_dataset(self, split: str, stream: str) -> TaskDataset:
         """Items = captions; rows = the positive pair then the pool of random negatives."""
@@ -127,11 +125,11 @@ class RetrievalTask(FinetuneTask):
 
     # -- evaluation ------------------------------------------------------------------------------
 
-    def eval_texts(self) -> tuple[list[str], list[str], list[int]]:
-        """(caption ids, image ids, image index of each caption) ranked in evaluation: every image of the
-        split, with its first ``retrieval_eval_captions`` captions (all when 0)."""
-        db = self.db(f"{self.db_prefix}_{EVAL_SPLIT}")
-        images, image_of = self.images_of(EVAL_SPLIT)
+    def eval_texts(self, split: str) -> tuple[list[str], list[str], list[int]]:
+        """(caption ids, image ids, image index of each caption) ranked in evaluation: every image of
+        ``split``, with its first ``retrieval_eval_captions`` captions (all when 0)."""
+        db = self.db(f"{self.db_prefix}_{split}")
+        images, image_of = self.images_of(split)
         limit = self.ctx.cfg.retrieval_eval_captions
         kept, seen = [], [0] * len(images)
         for eid, i in zip(db.ids, image_of):
@@ -141,8 +139,13 @@ class RetrievalTask(FinetuneTask):
         return [e for e, _ in kept], images, [i for _, i in kept]
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        db = self.db(f"{self.db_prefix}_{EVAL_SPLIT}")
-        captions, images, image_of = self.eval_texts()
+        return EvalResult(metrics={s: self.ranking_metrics(model, s, device) for s in self.splits.scored},
+                          artifacts={})
+
+    def ranking_metrics(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any]:
+        """R@1/5/10 both ways and their mean on ``split``, with the numbers of texts and images ranked."""
+        db = self.db(f"{self.db_prefix}_{split}")
+        captions, images, image_of = self.eval_texts(split)
         texts = _pad([text_row(self.special, db[e]["input_ids"]) for e in captions])
         feats = [self.regions.get([q]) for q in images]
         img = _pad_regions(feats)
@@ -175,15 +178,18 @@ class RetrievalTask(FinetuneTask):
         metrics = {**{f"ir_{k}": v for k, v in ir.items()}, **{f"tr_{k}": v for k, v in tr.items()}}
         metrics["r_mean"] = round(sum(metrics.values()) / len(metrics), 4)
         metrics.update(texts=len(captions), images=len(images))
-        return EvalResult(metrics={EVAL_SPLIT: metrics}, artifacts={})
+        return metrics
 
     def chance(self) -> dict[str, float]:
-        _, images, image_of = self.eval_texts()
-        counts = np.bincount(np.asarray(image_of), minlength=len(images)).tolist()
-        ir = chance_recall(len(images), [1] * len(image_of))
-        tr = chance_recall(len(image_of), counts)
-        return {**{f"{EVAL_SPLIT}/ir_r{k}": ir[f"r{k}"] for k in RECALL_KS},
-                **{f"{EVAL_SPLIT}/tr_r{k}": tr[f"r{k}"] for k in RECALL_KS}}
+        out = {}
+        for split in self.splits.scored:
+            _, images, image_of = self.eval_texts(split)
+            counts = np.bincount(np.asarray(image_of), minlength=len(images)).tolist()
+            ir = chance_recall(len(images), [1] * len(image_of))
+            tr = chance_recall(len(image_of), counts)
+            out.update({f"{split}/ir_r{k}": ir[f"r{k}"] for k in RECALL_KS})
+            out.update({f"{split}/tr_r{k}": tr[f"r{k}"] for k in RECALL_KS})
+        return out
 
 
 def _pad(rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:

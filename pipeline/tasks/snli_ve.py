@@ -19,7 +19,7 @@ from pipeline.tasks.data import TaskDataset, row, text_row
 class SnliVeTask(ClassificationTask):
     name = "snli_ve"
     streams = ("snli_ve",)
-    summary = (("SNLI-VE test acc", "test/accuracy"),)
+    headline = (("SNLI-VE {split} acc", "accuracy"),)
 
     def dataset(self, split: str) -> TaskDataset:
         db = self.db(f"snli_ve_{split}")

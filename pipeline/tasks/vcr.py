@@ -5,7 +5,9 @@ Two training streams over the text DBs of build_dbs, alternating by a seeded sch
 - ``qar`` (``vcr_qar_<split>``): row k = ``[CLS] question [SEP] gold answer [SEP] rationale_k [SEP]``.
 Every row sees the example's regions: the given boxes (``vcr_gt``, object tag k = region k) then
 the detected ones (``vcr``). The model starts from the second-stage (VCR) pretraining export.
-Q→AR counts a question right when both its answer and its rationale are picked right.
+Q→AR counts a question right when both its answer and its rationale are picked right. Scored on
+val (dev) and on test when its labels are here: real VCR test labels are not public (a leaderboard
+scores them), so only the mini world's evaluation-server file (``sources.vcr.test_labels``) gives them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from pipeline.tasks.data import TaskDataset, eval_batches, row
 from pipeline.vcr_text import vcr_sequence
 
 NUM_CHOICES = 4
-EVAL_SPLIT = "val"
 VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}
 
 
@@ -39,10 +40,16 @@ class VcrTask(FinetuneTask):
     name = "vcr"
     init_stage = "pretrain_vcr"
     streams = ("qa", "qar")
-    summary = (("VCR val Q→AR", f"{EVAL_SPLIT}/q2ar"),)
+    headline = (("VCR {split} Q→AR", "q2ar"),)
 
     def text_dbs(self) -> list[str]:
-        return [f"{VIEW_DB[v]}_{s}" for s in ("train", EVAL_SPLIT) for v in self.streams]
+        return [f"{VIEW_DB[v]}_{s}" for s in ("train", *self.splits.scored) for v in self.streams]
+
+    def test_labelled(self) -> bool:
+        return all(self.dataset(v, self.test_split).ids for v in self.streams)
+
+    def scored_splits(self) -> list[str]:
+        return [self.dev_split, *([self.test_split] if self.test_labelled() else [])]
 
     def dataset(self, view: str, split: str) -> TaskDataset:
         db = self.db(f"{VIEW_DB[view]}_{split}")
@@ -73,14 +80,14 @@ class VcrTask(FinetuneTask):
         return self.dataset(stream, "train")
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset(stream, EVAL_SPLIT)
+        return self.dataset(stream, self.dev_split)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForVcr(config, img_dim=img_dim, loss=self.ctx.cfg.vcr_loss)
 
-    def correct_ids(self, model: nn.Module, view: str, device: torch.device) -> tuple[set[str], int]:
-        """(ids of the examples whose choice was picked right, examples scored) for one view."""
-        ds = self.dataset(view, EVAL_SPLIT)
+    def correct_ids(self, model: nn.Module, view: str, split: str, device: torch.device) -> tuple[set[str], int]:
+        """(ids of the examples whose choice was picked right, examples scored) for one view of ``split``."""
+        ds = self.dataset(view, split)
         right: set[str] = set()
         for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
                                   device):
@@ -89,12 +96,15 @@ class VcrTask(FinetuneTask):
         return right, len(ds)
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        qa_right, _ = self.correct_ids(model, "qa", device)
-        qar_right, _ = self.correct_ids(model, "qar", device)
-        metrics = vcr_accuracies(qa_right, qar_right, self.dataset("qa", EVAL_SPLIT).ids,
-                                 self.dataset("qar", EVAL_SPLIT).ids)
-        return EvalResult(metrics={EVAL_SPLIT: metrics}, artifacts={})
+        metrics = {}
+        for split in self.scored_splits():
+            qa_right, _ = self.correct_ids(model, "qa", split, device)
+            qar_right, _ = self.correct_ids(model, "qar", split, device)
+            metrics[split] = vcr_accuracies(qa_right, qar_right, self.dataset("qa", split).ids,
+                                            self.dataset("qar", split).ids)
+        return EvalResult(metrics=metrics, artifacts={})
 
     def chance(self) -> dict[str, float]:
         p = 100.0 / NUM_CHOICES
-        return {f"{EVAL_SPLIT}/q2a": p, f"{EVAL_SPLIT}/qa2r": p, f"{EVAL_SPLIT}/q2ar": p / NUM_CHOICES}
+        levels = {"q2a": p, "qa2r": p, "q2ar": p / NUM_CHOICES}
+        return {f"{s}/{m}": v for s in self.scored_splits() for m, v in levels.items()}

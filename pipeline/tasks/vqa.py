@@ -2,10 +2,12 @@
 
 Text DBs ``vqa_{train,val,test}`` (``answer_labels`` / ``answer_scores``: the soft targets over
 ``ans2label.json``, the vocabulary build_dbs kept from train+val). Evaluation predicts the top
-answer of every val and test question; val is scored by the official metric
-(``pipeline.tasks.vqa_eval``) against the ten human answers of the manifest
-(``data/manifests/vqa.parquet``), and both are written in the submission format.
-Chance level: always answering the most frequent training answer.
+answer of every dev (val) and test question, writes both in the submission format, and scores a
+split by the official metric (``pipeline.tasks.vqa_eval``) against the ten human answers of the
+manifest (``data/manifests/vqa.parquet``). Real test answers are not public (the evaluation server
+scores the submission file): the test split is scored only when its answers were ingested, from the
+mini world's evaluation-server file (``sources.vqa.annotations_test``); otherwise the results table
+reports dev. Chance level: always answering the most frequent training answer.
 """
 
 from __future__ import annotations
@@ -25,16 +27,14 @@ from pipeline.tasks.base import EvalResult, FinetuneTask, predict
 from pipeline.tasks.data import TaskDataset, collate_rows, eval_batches, row, text_row
 from pipeline.tasks.vqa_eval import evaluate_predictions, submission
 
-SCORED_SPLIT, PREDICT_ONLY = "val", "test"
-
 
 class VqaTask(FinetuneTask):
     name = "vqa"
     streams = ("vqa",)
-    summary = (("VQA val acc", "val/accuracy"),)
+    headline = (("VQA {split} acc", "accuracy"),)
 
     def text_dbs(self) -> list[str]:
-        return ["vqa_train", f"vqa_{SCORED_SPLIT}", f"vqa_{PREDICT_ONLY}"]
+        return ["vqa_train", *(f"vqa_{s}" for s in self.splits.scored)]
 
     @functools.cached_property
     def ans2label(self) -> dict[str, int]:
@@ -74,7 +74,7 @@ class VqaTask(FinetuneTask):
         return self.dataset("train", labelled_only=True)
 
     def held_out_dataset(self, stream: str) -> TaskDataset:
-        return self.dataset(SCORED_SPLIT, labelled_only=True)
+        return self.dataset(self.dev_split, labelled_only=True)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Rows + ``targets`` f32 [B, A] (soft scores) + ``question_ids``."""
@@ -101,30 +101,50 @@ class VqaTask(FinetuneTask):
                 out[qid] = answers[label]
         return out
 
-    def human_answers(self) -> list[dict[str, Any]]:
-        """Annotations of the scored split's questions (those in its text DB): question_id, answers, answer_type."""
+    @functools.cached_property
+    def _manifest_answers(self) -> dict[str, dict[str, Any]]:
+        """{example id: annotation} of every manifest question with human answers."""
         import pandas as pd
 
         path = Path(self.ctx.data) / "manifests" / "vqa.parquet"
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: VQA accuracy needs the human answers (run ingest@vqa)")
         frame = pd.read_parquet(path, columns=["example_id", "question_id", "answers", "answer_type"])
-        frame = frame[frame["example_id"].isin(set(self.db(f"vqa_{SCORED_SPLIT}").ids))]
-        return [{"question_id": str(r.question_id), "answers": list(r.answers), "answer_type": r.answer_type}
-                for r in frame.sort_values("example_id").itertuples(index=False)]
+        return {r.example_id: {"question_id": str(r.question_id), "answers": list(r.answers),
+                               "answer_type": r.answer_type}
+                for r in frame.itertuples(index=False) if r.answers is not None}
+
+    def human_answers(self, split: str) -> list[dict[str, Any]]:
+        """Annotations of ``split``'s questions (those in its text DB) that have human answers:
+        question_id, answers, answer_type; empty for a test split without its evaluation-server file."""
+        known = self._manifest_answers
+        return [known[e] for e in sorted(self.db(f"vqa_{split}").ids) if e in known]
+
+    def test_labelled(self) -> bool:
+        return bool(self.human_answers(self.test_split))
+
+    def scored_splits(self) -> list[str]:
+        return [self.dev_split, *([self.test_split] if self.test_labelled() else [])]
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        scored = self.predictions(model, SCORED_SPLIT, device)
-        acc = evaluate_predictions(scored, self.human_answers())
-        metrics = {SCORED_SPLIT: {"accuracy": acc.overall, "questions": acc.questions,
-                                  **{f"accuracy_{t.replace('/', '_')}": v for t, v in acc.per_answer_type.items()}}}
-        files = {}
-        if artifacts:
-            files = {f"vqa_predictions_{SCORED_SPLIT}.json": submission(scored),
-                     f"vqa_predictions_{PREDICT_ONLY}.json": submission(self.predictions(model, PREDICT_ONLY, device))}
+        """Accuracy on dev (and test when its answers are here); ``artifacts``: the predictions of
+        every split in the submission format (the test file is what the evaluation server scores)."""
+        metrics, files = {}, {}
+        for split in self.splits.scored:
+            scored = split in self.scored_splits()
+            if not (scored or artifacts):
+                continue
+            predicted = self.predictions(model, split, device)
+            if scored:
+                acc = evaluate_predictions(predicted, self.human_answers(split))
+                metrics[split] = {"accuracy": acc.overall, "questions": acc.questions,
+                                  **{f"accuracy_{t.replace('/', '_')}": v for t, v in acc.per_answer_type.items()}}
+            if artifacts:
+                files[f"vqa_predictions_{split}.json"] = submission(predicted)
         return EvalResult(metrics=metrics, artifacts=files)
 
     def chance(self) -> dict[str, float]:
+        """Always answering the most frequent training answer, on every scored split."""
         train = self.db("vqa_train")
         counts: Counter[int] = Counter()
         for e in train.ids:
@@ -132,9 +152,12 @@ class VqaTask(FinetuneTask):
             for label, score in zip(rec["answer_labels"], rec["answer_scores"]):
                 counts[int(label)] += float(score)
         majority = self.label2ans[counts.most_common(1)[0][0]]
-        annotations = self.human_answers()
-        acc = evaluate_predictions({a["question_id"]: majority for a in annotations}, annotations)
-        return {f"{SCORED_SPLIT}/accuracy": acc.overall}
+        out = {}
+        for split in self.scored_splits():
+            annotations = self.human_answers(split)
+            acc = evaluate_predictions({a["question_id"]: majority for a in annotations}, annotations)
+            out[f"{split}/accuracy"] = acc.overall
+        return out
 
     def model_info(self) -> dict[str, Any]:
         return {"num_answers": len(self.ans2label), "answers": self.label2ans}

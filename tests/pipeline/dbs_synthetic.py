@@ -61,8 +61,11 @@ def _core(dataset: str, split: str, source: str, image_id: str, text: str, examp
             "image_id": image_id, "image_path": f"{source}/{image_id}.jpg", "url": None, "text": text}
 
 
-def write_world(data: Path, *, seed: int = 0, cc_val: bool = True) -> dict:
-    """Features + clean and task manifests under ``data``; returns facts the tests check."""
+def write_world(data: Path, *, seed: int = 0, cc_val: bool = True, test_labels: bool = False) -> dict:
+    """Features + clean and task manifests under ``data``; returns facts the tests check.
+
+    ``test_labels``: the VQA and VCR test rows carry labels, as ingested with the mini world's
+    evaluation-server files; without, they have none, as on real data."""
     rng = np.random.default_rng(seed)
     imgs = {s: [f"{100 + i}" for i in range(n)] for s, n in
             [("coco", 14), ("vg", 8), ("cc", 10), ("sbu", 8), ("flickr30k", 8), ("nlvr2", 8), ("vcr", 5)]}
@@ -105,7 +108,7 @@ def write_world(data: Path, *, seed: int = 0, cc_val: bool = True) -> dict:
                    ["A circle."] * 10]
     for n, i in enumerate(imgs["coco"][:12]):
         split = ["train", "val", "test"][n % 3]
-        answers = answer_sets[n % 4] if split != "test" else None
+        answers = answer_sets[n % 4] if split != "test" or test_labels else None
         mca = None if answers is None else max(set(answers), key=answers.count)
         vqa.append(dict(_core("vqa", split, "coco", i, "what color is the " + sentence(rng, 1, 3) + "?", f"vqa-{n}"),
                         question_id=n, answers=answers, multiple_choice_answer=mca, answer_type="other",
@@ -121,7 +124,8 @@ def write_world(data: Path, *, seed: int = 0, cc_val: bool = True) -> dict:
         vcr.append(dict(_core("vcr", split, "vcr", i, "Why is 0 looking?", f"vcr-{n}"), annot_id=f"{split}-{n}",
                         question=json.dumps(q), answer_choices=json.dumps(answers),
                         rationale_choices=json.dumps(rationales), objects=json.dumps(["person"] * 3 + ["dog"]),
-                        answer_label=None if split == "test" else 0, rationale_label=None if split == "test" else 0,
+                        answer_label=None if split == "test" and not test_labels else 0,
+                        rationale_label=None if split == "test" and not test_labels else 0,
                         metadata_path=f"vcr/{i}.json"))
     save(vcr, man / "vcr.parquet")
 

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from dbs_synthetic import params_for
 
-VQA = {"task": "vqa", "steps": 40, "chance": {"val/accuracy": 30.0},
-       "summary": {"val/accuracy": {"label": "VQA val acc", "pretrained": 71.5, "scratch": 60.25, "gain": 11.25,
-                                    "chance": 30.0}}}
+VQA = {"task": "vqa", "steps": 40, "chance": {"test/accuracy": 30.0, "val/accuracy": 31.0},
+       "summary": {"test/accuracy": {"label": "VQA test acc", "pretrained": 71.5, "scratch": 60.25, "gain": 11.25,
+                                     "chance": 30.0}}}
 RETRIEVAL = {"task": "retrieval_flickr", "steps": 30, "chance": {},
              "summary": {"test/ir_r1": {"label": "Flickr IR R@1", "pretrained": 40.0, "scratch": 10.0, "gain": 30.0,
                                         "zero_shot": 20.0, "chance": 3.3333},
@@ -39,9 +39,9 @@ def test_rows_and_meta_sum_by_hand():
     from pipeline.results import summarize
 
     out = summarize({"vqa": VQA, "retrieval_flickr": RETRIEVAL})
-    assert [(r["task"], r["metric"]) for r in out["rows"]] == [("vqa", "val/accuracy"),
-                                                               ("retrieval_flickr", "test/ir_r1"),
-                                                               ("retrieval_flickr", "test/tr_r1")]
+    assert [(r["task"], r["metric"], r["split"]) for r in out["rows"]] == [
+        ("vqa", "test/accuracy", "test"), ("retrieval_flickr", "test/ir_r1", "test"),
+        ("retrieval_flickr", "test/tr_r1", "test")]
     assert out["meta_sum"] == {"terms": 3, "pretrained": 161.5, "scratch": 86.75, "gain": 74.75,
                                "chance": 50.0}
     no_scratch = {"task": "vqa", "summary": {"val/accuracy": {"label": "x", "pretrained": 70.0, "chance": 1.0}}}
@@ -59,7 +59,8 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     params = params_for(data, "finetune.tasks=[vqa, retrieval_flickr]")
     results = run(params)
     md = (data / "reports" / "results.md").read_text()
-    assert "| vqa | VQA val acc (`val/accuracy`) | 40 | 71.50 | 60.25 | +11.25 | – | 30.00 |" in md
+    assert "| vqa | VQA test acc (`test/accuracy`) | 40 | 71.50 | 60.25 | +11.25 | – | 30.00 |" in md
+    assert "each task's test split" in md and "(dev: no test labels)" not in md
     assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | 20.00 | 3.33 |" in md
     assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | 50.00 |" in md
     assert "joint masking" in md and "| MLM acc | 0.05 | 0.45 |" in md and "| ITM acc | 0.50 | 0.80 |" in md
@@ -92,31 +93,52 @@ def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
     from pipeline.results import run
 
     data = tmp_path / "data"
-    refcoco = {"task": "refcoco_plus", "steps": 60, "chance": {"val/det_accuracy": 24.9},
-               "summary": {"val/det_accuracy": {"label": "RefCOCO+ val", "pretrained": 92.8571, "scratch": 96.4286,
-                                                "gain": -3.5715, "chance": 24.9}},
-               "references": {"class_oracle": {"label": "class oracle", "val/det_accuracy": 96.4286,
-                                               "val/gt_accuracy": 100.0}}}
+    # the reference levels of the dev split are in the record too; the row takes the test split's
+    test = "testA+testB/det_accuracy"
+    refcoco = {"task": "refcoco_plus", "steps": 60, "chance": {test: 24.9},
+               "summary": {test: {"label": "RefCOCO+ testA+testB", "pretrained": 92.8571, "scratch": 96.4286,
+                                  "gain": -3.5715, "chance": 24.9}},
+               "references": {"class_oracle": {"label": "class oracle", test: 96.4286, "val/det_accuracy": 99.0,
+                                               "testA+testB/gt_accuracy": 100.0}}}
     write_metrics(data, VQA, refcoco)
     results = run(params_for(data, "finetune.tasks=[vqa, refcoco_plus]"))
-    assert results["references"] == [{"task": "refcoco_plus", "metric": "val/det_accuracy", "reference": "class_oracle",
+    assert results["references"] == [{"task": "refcoco_plus", "metric": test, "reference": "class_oracle",
                                       "label": "class oracle", "value": 96.4286, "pretrained": 92.8571,
                                       "scratch": 96.4286}]
     md = (data / "reports" / "results.md").read_text()
     assert "## Reference levels" in md
-    assert "| refcoco_plus | `val/det_accuracy` | class oracle | 96.43 | 92.86 | 96.43 |" in md
+    assert f"| refcoco_plus | `{test}` | class oracle | 96.43 | 92.86 | 96.43 |" in md
     assert results["meta_sum"]["terms"] == 2  # a reference is not a scored row
     # the scratch start sits at the oracle: no room for a gain, and the row says so
     ceiling_row, vqa_row = {r["task"]: r for r in results["rows"]}["refcoco_plus"], results["rows"][0]
     assert ceiling_row["ceiling"] == 96.4286 and ceiling_row["at_ceiling"] is True
-    assert "| refcoco_plus | RefCOCO+ val (`val/det_accuracy`) (at ceiling) |" in md and "*At ceiling*" in md
+    assert f"| refcoco_plus | RefCOCO+ testA+testB (`{test}`) (at ceiling) |" in md and "*At ceiling*" in md
     # without a reference the ceiling is 100: VQA's scratch 60.25 has room
     assert vqa_row["ceiling"] == 100.0 and vqa_row["at_ceiling"] is False
     code, out = _report(["--dir", str(data)])
-    assert code == 0 and "refcoco_plus val/det_accuracy: class oracle 96.43" in " ".join(out.split())
+    assert code == 0 and f"refcoco_plus {test}: class oracle 96.43" in " ".join(out.split())
     write_metrics(data, {**refcoco, "references": {}})
     assert run(params_for(data, "finetune.tasks=[vqa, refcoco_plus]"))["references"] == []
     assert "## Reference levels" not in (data / "reports" / "results.md").read_text()
+
+
+def test_a_task_without_test_labels_reports_dev_and_the_row_says_so(tmp_path):
+    """VQA on real data: no evaluation-server answers, so its summary is val; the table marks the row
+    and says why, and where the test predictions are."""
+    from pipeline.results import run
+
+    data = tmp_path / "data"
+    vqa_dev = {**VQA, "summary": {"val/accuracy": {**VQA["summary"]["test/accuracy"], "label": "VQA val acc",
+                                                   "chance": 31.0}}}
+    write_metrics(data, vqa_dev, RETRIEVAL)
+    results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
+    assert [r["split"] for r in results["rows"]] == ["dev", "test", "test"]
+    md = (data / "reports" / "results.md").read_text()
+    assert "| vqa | VQA val acc (`val/accuracy`) (dev: no test labels) | 40 | 71.50 |" in md
+    assert "*dev: no test labels*: vqa scored on the dev split" in md
+    assert "`data/models/vqa/vqa_predictions_test.json`" in md
+    code, out = _report(["--dir", str(data)])
+    assert code == 0 and "VQA val acc (dev: no test labels)" in out
 
 
 def test_missing_task_metrics_name_the_stage(tmp_path):

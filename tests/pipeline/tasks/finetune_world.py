@@ -1,5 +1,8 @@
 """A small world to fine-tune in: build_dbs' synthetic test world, its real DBs, and pretraining exports.
 
+By default the VQA and VCR test splits are labelled, as the mini world's evaluation-server files make
+them; ``world(..., test_labels=False)`` builds the real-data case, where they are not.
+
 The exports (``data/models/pretrain`` and ``pretrain_vcr``) are real ``UniterForPretraining``
 weights in the format the pretraining stages write (``pipeline.training.model_io``), with the tiny
 preset; their values are from a seeded initialization, not a pretraining run (the pretraining
@@ -26,7 +29,7 @@ FAST = ("model.preset=tiny", "model.init_from_bert=false", "finetune.scratch_ini
         "finetune.retrieval_neg_pool=3", "finetune.retrieval_hard_negatives=2", "finetune.compare_scratch=false",
         *DB_OVERRIDES)
 
-_BUILT: dict[str, Path] = {}
+_BUILT: dict[bool, Path] = {}
 
 
 def budget(task: str, steps: int = 3, lr: float = 1e-3, batch_tokens: int = 600) -> str:
@@ -58,24 +61,24 @@ def write_export(data: Path, name: str, *, seed: int) -> Path:
     return out
 
 
-def build(root: Path) -> Path:
+def build(root: Path, *, test_labels: bool = True) -> Path:
     """Synthetic manifests and features -> the real build_dbs stage -> two exports, under ``root/data``."""
     from pipeline.build_dbs import run as build_dbs
 
     data = root / "data"
-    write_world(data)
+    write_world(data, test_labels=test_labels)
     build_dbs(params_for(data, *DB_OVERRIDES))
     write_export(data, "pretrain", seed=1)
     write_export(data, "pretrain_vcr", seed=2)
     return data
 
 
-def world(tmp_path_factory) -> Path:
+def world(tmp_path_factory, *, test_labels: bool = True) -> Path:
     """The session's world (built on first use), copied to a fresh directory for the caller."""
-    if "data" not in _BUILT:
-        _BUILT["data"] = build(tmp_path_factory.mktemp("finetune_world"))
+    if test_labels not in _BUILT:
+        _BUILT[test_labels] = build(tmp_path_factory.mktemp("finetune_world"), test_labels=test_labels)
     copy = tmp_path_factory.mktemp("finetune") / "data"
-    shutil.copytree(_BUILT["data"], copy)
+    shutil.copytree(_BUILT[test_labels], copy)
     return copy
 
 
