@@ -106,6 +106,25 @@ def _images(rec: dict[str, Any], layout: str, images: dict[str, str], where: str
     return None if None in found else found
 
 
+def _example(target: TextTarget, buf: memoryview | None, path: Path, key: str, *, vocab: int,
+             images: dict[str, str], num_answers: int, max_len: int) -> tuple[dict[str, Any], bool]:
+    """One stored release entry -> (this project's record, whether its text was cut to ``max_len``).
+
+    Raises :class:`EntryFormatError` (``missing_record``, ``unreadable``, ``bad_field``, ``missing_image``).
+    """
+    where = f"{path}: entry {key!r}"
+    if buf is None:
+        raise EntryFormatError("missing_record", f"{where} is in id2len.json but not in the LMDB")
+    rec = decode_text_entry(buf, db=path, key=key)
+    ids = _input_ids(rec.get("input_ids"), vocab, where)
+    qualified = _images(rec, target.image_layout, images, where)
+    if qualified is None:
+        raise EntryFormatError("missing_image", f"{where}: image(s) {rec.get('img_fname')!r} not imported")
+    value = {"input_ids": ids[:max_len], "image_ids": qualified,
+             **task_fields(target.task, rec, key, num_answers, where)}
+    return value, len(ids) > max_len
+
+
 def convert_text_db(target: TextTarget, release_dbs: list[Path], out_dir: Path, *, tok: WordPieceTokenizer,
                     images: dict[str, str], ans2label: dict[str, int] | None, max_len: int, compression: str,
                     commit_every: int, params_digest: str) -> dict[str, Any]:
@@ -126,26 +145,18 @@ def convert_text_db(target: TextTarget, release_dbs: list[Path], out_dir: Path, 
             writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))
             try:
                 for eid, src, key in track(order, desc=f"import text DB {target.name}", unit="ex", mininterval=2.0):
-                    where = f"{paths[src]}: entry {key!r}"
-                    buf = txns[src].get(key.encode("utf-8"))
                     try:
-                        if buf is None:
-                            raise EntryFormatError("missing_record", f"{where} is in id2len.json but not in the LMDB")
-                        rec = decode_text_entry(buf, db=paths[src], key=key)
-                        ids = _input_ids(rec.get("input_ids"), tok.vocab_size, where)
-                        qualified = _images(rec, target.image_layout, images, where)
-                        if qualified is None:
-                            raise EntryFormatError("missing_image", f"{where}: image(s) {rec.get('img_fname')!r} not imported")
-                        value = {"input_ids": ids[:max_len], "image_ids": qualified,
-                                 **task_fields(target.task, rec, key, num_answers, where)}
+                        value, cut = _example(target, txns[src].get(key.encode("utf-8")), paths[src], key,
+                                              vocab=tok.vocab_size, images=images, num_answers=num_answers,
+                                              max_len=max_len)
                     except EntryFormatError as err:
                         skips.add(err.reason, str(err))
                         continue
-                    truncated += int(len(ids) > max_len)
+                    truncated += cut
                     writer.put(eid, encode_value(value, compression))
                     id2len[eid] = text_length(value)
-                    txt2img[eid] = qualified
-                    for q in qualified:
+                    txt2img[eid] = value["image_ids"]
+                    for q in value["image_ids"]:
                         img2txts.setdefault(q, []).append(eid)
                 if not id2len:
                     raise _Empty()
