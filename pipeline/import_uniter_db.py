@@ -58,8 +58,9 @@ def import_images(params: Params, img_root: Path, digest: str) -> tuple[dict[str
     groups: dict[str, list] = {}
     for d in sorted(p for p in release_img.iterdir() if p.is_dir()) if release_img.is_dir() else []:
         if d.name not in IMAGE_DIRS:
-            report[f"release:img_db/{d.name}"] = {"written": False, "why": "no image DB of this project is made from it "
-                                                  "(VCR and RefCOCO image DBs are not converted)"}
+            report[f"release:img_db/{d.name}"] = {
+                "written": False,
+                "why": "no image DB of this project is made from it (VCR and RefCOCO image DBs are not converted)"}
             continue
         found = find_release_db(d, rule)
         if found is None:
@@ -84,8 +85,8 @@ def import_texts(params: Params, txt_root: Path, images: dict[str, str], digest:
     release_txt = rel.root / "txt_db"
     present = {p.name[: -len(".db")]: p for p in sorted(release_txt.glob("*.db")) if (p / "data.mdb").is_file()} \
         if release_txt.is_dir() else {}
-    report: dict[str, Any] = {f"release:txt_db/{n}.db": {"written": False, "why": "no text DB of this project is "
-                                                          "made from it (VCR, RefCOCO and unknown DBs are not converted)"}
+    not_converted = "no text DB of this project is made from it (VCR, RefCOCO and unknown DBs are not converted)"
+    report: dict[str, Any] = {f"release:txt_db/{n}.db": {"written": False, "why": not_converted}
                               for n in present if n not in TEXT_SOURCES}
     ans2label, vocab_from = _ans2label(rel.ans2label, release_txt)
     tok = WordPieceTokenizer(cfg.tokenizer)

@@ -139,21 +139,25 @@ def image_record(fields: dict[str, np.ndarray], nbb: int, *, db: Path, key: str)
     """
     missing = [f for f in IMAGE_FIELDS if f not in fields]
     if missing:
-        raise EntryFormatError("missing_field", f"{_where(db, key)} has no field(s) {missing}; expected {list(IMAGE_FIELDS)}")
+        raise EntryFormatError("missing_field",
+                               f"{_where(db, key)} has no field(s) {missing}; expected {list(IMAGE_FIELDS)}")
     feat, bb = fields["features"], fields["norm_bb"]
     conf, soft = fields["conf"].reshape(-1), fields["soft_labels"]
     for name, arr in fields.items():
         if arr.dtype.kind not in "fiu":
-            raise EntryFormatError("bad_shape", f"{_where(db, key)}: field {name!r} has dtype {arr.dtype}, expected numbers")
+            raise EntryFormatError("bad_shape",
+                                   f"{_where(db, key)}: field {name!r} has dtype {arr.dtype}, expected numbers")
     n = feat.shape[0] if feat.ndim == 2 else -1
     if feat.ndim != 2 or bb.ndim != 2 or bb.shape[1] < NORM_BB_COLUMNS or soft.ndim != 2 \
             or {bb.shape[0], conf.shape[0], soft.shape[0]} != {n}:
         raise EntryFormatError("bad_shape", f"{_where(db, key)}: features {feat.shape}, norm_bb {bb.shape}, conf "
-                               f"{fields['conf'].shape}, soft_labels {soft.shape}; expected [n, D], [n, 6], [n], [n, C+1]")
+                               f"{fields['conf'].shape}, soft_labels {soft.shape}; expected [n, D], [n, 6], [n], "
+                               f"[n, C+1]")
     if nbb < 1:
         raise EntryFormatError("too_few_regions", f"{_where(db, key)}: the region count is {nbb}, expected at least 1")
     if nbb > n:
-        raise EntryFormatError("too_few_regions", f"{_where(db, key)}: the nbb file says {nbb} regions, the entry has {n}")
+        raise EntryFormatError("too_few_regions",
+                               f"{_where(db, key)}: the nbb file says {nbb} regions, the entry has {n}")
     bb6 = bb[:nbb, :NORM_BB_COLUMNS].astype(np.float32)
     area = bb6[:, 4:5] * bb6[:, 5:6]
     return {"features": np.ascontiguousarray(feat[:nbb], dtype=np.float16),

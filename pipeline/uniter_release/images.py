@@ -217,7 +217,8 @@ def convert_image_db(name: str, dbs: Sequence[ReleaseImageDb], out_dir: Path, ru
         for env in envs:
             env.close()
     log.info("image DB %s: %d images imported, %d skipped", name, len(written), sum(skips.counts.values()))
-    return {"written": True, "release_dbs": [str(db.lmdb_path) for db in dbs], **tally.counts(), **skips.as_dict()}, written
+    report = {"written": True, "release_dbs": [str(db.lmdb_path) for db in dbs], **tally.counts(), **skips.as_dict()}
+    return report, written
 
 
 class _NothingWritten(Exception):

@@ -44,7 +44,8 @@ def check_tokenizer(meta_path: Path, tok: WordPieceTokenizer) -> dict[str, Any]:
         if key not in meta:
             if key == "UNK":  # older release DBs do not record it
                 continue
-            raise SourceFormatError(f"{meta_path}: no key {key!r}; expected the release's token ids (CLS, SEP, MASK, v_range)")
+            raise SourceFormatError(f"{meta_path}: no key {key!r}; expected the release's token ids "
+                                    f"(CLS, SEP, MASK, v_range)")
         if meta[key] != tok.special_ids[ours]:
             raise SourceFormatError(f"{meta_path}: {key} = {meta[key]!r}, but build_dbs.tokenizer ({tok.name}) has "
                                     f"[{key}] = {tok.special_ids[ours]}: set build_dbs.tokenizer to the vocabulary "
@@ -69,7 +70,8 @@ def _labels_scores(target: Any, where: str) -> tuple[list[int], list[float]]:
     if target is None:
         return [], []
     if not isinstance(target, dict) or len(target.get("labels", [])) != len(target.get("scores", [])):
-        raise EntryFormatError("bad_field", f"{where}: target is {target!r}, expected {{labels: [int], scores: [float]}}")
+        raise EntryFormatError("bad_field",
+                               f"{where}: target is {target!r}, expected {{labels: [int], scores: [float]}}")
     return [int(x) for x in target.get("labels") or []], [float(x) for x in target.get("scores") or []]
 
 
@@ -128,7 +130,9 @@ def _example(target: TextTarget, buf: memoryview | None, path: Path, key: str, *
 def convert_text_db(target: TextTarget, release_dbs: list[Path], out_dir: Path, *, tok: WordPieceTokenizer,
                     images: dict[str, str], ans2label: dict[str, int] | None, max_len: int, compression: str,
                     commit_every: int, params_digest: str) -> dict[str, Any]:
-    """Write text DB ``target.name`` at ``out_dir`` from ``release_dbs`` (``txt_db/<name>.db`` dirs); returns its report."""
+    """Write text DB ``target.name`` at ``out_dir`` from ``release_dbs`` (``txt_db/<name>.db`` dirs).
+
+    Returns its report entry; when no example converts, nothing is written."""
     skips, truncated = SkipLog(), 0
     paths = {p.stem: p for p in release_dbs}
     metas = {name: check_tokenizer(p / "meta.json", tok) for name, p in paths.items()}

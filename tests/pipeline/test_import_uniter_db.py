@@ -136,7 +136,8 @@ def release(tmp_path_factory, tok):
     write_img_db(root, "coco_val2014", val | broken, compressed=False,
                  nbb={coco("val2014", 42): 12, coco("val2014", 7): 10, coco("val2014", 8): 11, coco("val2014", 77): 10})
     # msgpack entries and no nbb file: the rule decides (14 above 0.2 -> 14; 3 above -> min 10; 105 -> max 100)
-    flickr = {"flickr30k_000000001001.npz": regions(rng, 20, above=14), "flickr30k_000000001002.npz": regions(rng, 16, above=3),
+    flickr = {"flickr30k_000000001001.npz": regions(rng, 20, above=14),
+              "flickr30k_000000001002.npz": regions(rng, 16, above=3),
               "flickr30k_000000001003.npz": regions(rng, 105)}
     write_img_db(root, "flickr30k", flickr, compressed=False, nbb=None)
     nlvr = {f"nlvr2_dev-{p}-img{k}.npz": regions(rng, 10) for p in ("1-0", "2-1") for k in (0, 1)}
@@ -157,8 +158,8 @@ def release(tmp_path_factory, tok):
     }, tok)
     (vqa / "ans2label.json").write_text(json.dumps({"yes": 0, "no": 1, "two": 2}))
     write_txt_db(root, "nlvr2_dev", {
-        "dev-1-0-0": {"input_ids": ids(5), "img_fname": ["nlvr2_dev-1-0-img0.npz", "nlvr2_dev-1-0-img1.npz"], "target": 1},
-        "dev-2-1-3": {"input_ids": ids(5), "img_fname": ["nlvr2_dev-2-1-img0.npz", "nlvr2_dev-2-1-img1.npz"], "target": 0},
+        "dev-1-0-0": {"input_ids": ids(5), "img_fname": [f"nlvr2_dev-1-0-img{k}.npz" for k in (0, 1)], "target": 1},
+        "dev-2-1-3": {"input_ids": ids(5), "img_fname": [f"nlvr2_dev-2-1-img{k}.npz" for k in (0, 1)], "target": 0},
     }, tok)
     write_txt_db(root, "ve_dev", {  # UNITER's VE order: contradiction, entailment, neutral
         f"p{k}": {"input_ids": ids(4), "img_fname": f"flickr30k_00000000100{k + 1}.npz",
@@ -213,7 +214,8 @@ def test_skipped_image_entries_are_counted_by_reason(imported):
     assert coco_report["skipped"] == {"missing_field": 1, "not_in_nbb": 1, "too_few_regions": 2, "unmapped_name": 1}
     assert any("soft_labels" in s for s in coco_report["skipped_samples"]["missing_field"])
     assert sorted(ImageDb(data / "db" / "img" / "coco").nbb) == ["25", "42", "77", "9"]
-    assert set(ImageDb(data / "db" / "img" / "nlvr2").nbb) == {f"dev-{p}-img{k}" for p in ("1-0", "2-1") for k in (0, 1)}
+    nlvr2_ids = {f"dev-{p}-img{k}" for p in ("1-0", "2-1") for k in (0, 1)}
+    assert set(ImageDb(data / "db" / "img" / "nlvr2").nbb) == nlvr2_ids
     assert report["image_dbs"]["release:img_db/vcr_gt_train"]["written"] is False
     md = (data / "reports" / "uniter_import" / "report.md").read_text()
     assert "`coco`" in md and "missing_field: 1" in md and "too_few_regions: 2" in md
@@ -281,7 +283,8 @@ def test_entry_needing_pickle_is_refused(tmp_path, tok, compressed):
     root, marker = tmp_path / "release", tmp_path / "pickle_ran"
     fields = regions(np.random.default_rng(1), 10)
     fields["conf"] = np.array([_Trap(marker)] * 10, dtype=object)
-    write_img_db(root, "coco_val2014", {coco("val2014", 3): fields}, compressed=compressed, nbb={coco("val2014", 3): 10})
+    write_img_db(root, "coco_val2014", {coco("val2014", 3): fields}, compressed=compressed,
+                 nbb={coco("val2014", 3): 10})
     params = params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}")
     with pytest.raises(UnsafeEntryError) as err:
         run(params)
