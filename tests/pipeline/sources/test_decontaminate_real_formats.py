@@ -124,7 +124,7 @@ def reports(tmp_path_factory) -> dict[str, dict]:
         f"paths.data={root / 'data'}", "ingest.datasets=[coco, vg, cc, sbu, vqa, refcoco]", "finetune.tasks=[vqa, refcoco_plus]",
         "ingest.check_images=false", "decontaminate.near_duplicates=false", "decontaminate.workers=1",
         "decontaminate.eval_splits={coco: [test], refcoco: [val, testA, testB], vqa: [test]}",
-        "decontaminate.pretrain_datasets=[coco, vg, cc, sbu]"]
+        "decontaminate.pretrain_datasets=[coco, vg, cc, sbu]", "sources.vqa.annotations_test=null"]
     params = load_params(REPO / "params.yaml", sets)
     ingest.run(params)
     return decontaminate.run(params)
