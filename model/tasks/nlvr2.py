@@ -8,6 +8,11 @@
 In every variant the left image's regions have segment type 1 and the right image's type 2, a
 third row started from the region type (UNITER's ``use_img_type``, data/nlvr2.py and
 ``init_type_embedding`` in model/nlvr2.py); ``image_types=False`` gives both images type 1.
+
+The classifier (``head=``): ``linear`` (UNITER's ``nlvr2_output``: one Linear to the 2 classes) or
+``mlp`` (this project's alternative: Linear -> GELU -> LayerNorm -> Linear). pair_biattn's
+attention layers, fusion (Linear + ReLU + dropout) and attention pooling (ReLU(Linear) scores,
+dropout on the weights) follow the reference's ``UniterForNlvr2PairedAttn``.
 """
 
 from __future__ import annotations
@@ -22,22 +27,24 @@ from torch import nn
 from model.config import IMAGE_TYPE, UniterConfig
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
-__all__ = ["LEFT_IMAGE_TYPE", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
+__all__ = ["LEFT_IMAGE_TYPE", "NLVR2_HEADS", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
 
 NLVR2_VARIANTS = ("triplet", "pair", "pair_biattn")
+NLVR2_HEADS = ("linear", "mlp")
 LEFT_IMAGE_TYPE, RIGHT_IMAGE_TYPE = IMAGE_TYPE, 2  # the left image's regions keep the region type
 
 
 class AttentionPool(nn.Module):
-    """Softmax-weighted average of positions: [B, L, H] + mask [B, L] -> [B, H]."""
+    """Softmax-weighted average of positions: [B, L, H] + mask [B, L] -> [B, H]; scores ReLU(Linear(x))."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, dropout: float):
         super().__init__()
-        self.score = nn.Linear(hidden_size, 1, bias=False)  # a bias cancels in the softmax
+        self.score = nn.Sequential(nn.Linear(hidden_size, 1), nn.ReLU())
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         weights = self.score(x).squeeze(-1).masked_fill(~mask, float("-inf")).softmax(-1)
-        return torch.einsum("bl,blh->bh", weights, x)
+        return torch.einsum("bl,blh->bh", self.dropout(weights), x)
 
 
 class BiAttention(nn.Module):
@@ -52,8 +59,8 @@ class BiAttention(nn.Module):
         self.right_to_left = nn.MultiheadAttention(
             h, config.num_heads, dropout=config.attention_dropout, batch_first=True
         )
-        self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.GELU(), nn.Dropout(config.hidden_dropout))
-        self.pool = AttentionPool(h)
+        self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Dropout(config.hidden_dropout))
+        self.pool = AttentionPool(h, config.attention_dropout)
 
     def forward(self, left, right, left_mask, right_mask) -> torch.Tensor:
         """left/right [B, L, H], masks bool [B, L] (True = real) -> [B, 2H]."""
@@ -82,18 +89,19 @@ class UniterForNlvr2(UniterTaskModel):
         img_dim: int,
         variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn",
         image_types: bool = True,
+        head: Literal["linear", "mlp"] = "linear",
     ):
         super().__init__(config, img_dim=img_dim)
         if variant not in NLVR2_VARIANTS:
             raise ValueError(f"unknown NLVR2 variant {variant!r}; expected one of {NLVR2_VARIANTS}")
+        if head not in NLVR2_HEADS:
+            raise ValueError(f"unknown NLVR2 head {head!r}; expected one of {NLVR2_HEADS}")
         self.variant, self.image_types = variant, image_types
         h, eps = config.hidden_size, config.layer_norm_eps
         if image_types:
             self.uniter.grow_type_vocab(RIGHT_IMAGE_TYPE + 1, from_type=IMAGE_TYPE)
-        if variant == "triplet":
-            self.head = answer_mlp(h, 2, eps=eps)
-        else:
-            self.head = answer_mlp(h, 2, in_dim=2 * h, eps=eps)
+        in_dim = h if variant == "triplet" else 2 * h
+        self.head = nn.Linear(in_dim, 2) if head == "linear" else answer_mlp(h, 2, in_dim=in_dim, eps=eps)
         self.biattn = BiAttention(config) if variant == "pair_biattn" else None
         self.init_heads(self.head, *([self.biattn] if self.biattn is not None else []))
 

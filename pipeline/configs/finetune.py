@@ -54,6 +54,7 @@ class FinetuneConfig:
     per_task: Mapping[str, TaskConfig] = field(default_factory=lambda: {t: TaskConfig() for t in TASKS})
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
     nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
+    nlvr2_head: Literal["linear", "mlp"] = "linear"  # linear: one Linear to 2 classes (UNITER); mlp: the answer MLP
     vcr_loss: Literal["row", "softmax"] = "row"  # row: 2-way right/wrong CE per choice (UNITER); softmax over the 4
     snli_ve_loss: Literal["bce", "ce"] = "bce"  # bce: one-hot BCE over the 3 classes (UNITER's VQA head); ce: softmax
     retrieval_loss: Literal["hinge", "softmax"] = "hinge"  # hinge on sigmoid scores (UNITER); softmax over 1 + N

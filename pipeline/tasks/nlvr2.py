@@ -65,8 +65,9 @@ class Nlvr2Task(ClassificationTask):
         return TaskDataset(db, self.labelled(f"nlvr2_{split}"), build=build, row_len=row_len)
 
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
+        cfg = self.ctx.cfg
         return UniterForNlvr2(config, img_dim=img_dim, variant=self.variant,  # type: ignore[arg-type]
-                              image_types=self.ctx.cfg.nlvr2_image_types)
+                              image_types=cfg.nlvr2_image_types, head=cfg.nlvr2_head)  # type: ignore[arg-type]
 
     def model_info(self) -> dict[str, Any]:
-        return {"variant": self.variant}
+        return {"variant": self.variant, "head": self.ctx.cfg.nlvr2_head}

@@ -98,6 +98,16 @@ def test_new_segment_types_start_from_their_source_row_as_loaded(tmp_path):
     assert torch.equal(types[2], bert_types[0]) and torch.equal(types[3], bert_types[0])
 
 
+def test_nlvr2_head_is_the_reference_linear_layer_unless_asked():
+    cfg = UniterConfig.from_preset("tiny", vocab_size=VOCAB)
+    assert isinstance(UniterForNlvr2(cfg, img_dim=D, variant="pair").head, torch.nn.Linear)
+    assert UniterForNlvr2(cfg, img_dim=D, variant="triplet").head.in_features == cfg.hidden_size
+    mlp = UniterForNlvr2(cfg, img_dim=D, variant="pair_biattn", head="mlp").head
+    assert isinstance(mlp, torch.nn.Sequential) and mlp[0].in_features == 2 * cfg.hidden_size
+    with pytest.raises(ValueError, match="unknown NLVR2 head"):
+        UniterForNlvr2(cfg, img_dim=D, head="deep")
+
+
 def test_segment_types_change_the_encoding():
     torch.manual_seed(3)
     model = UniterForNlvr2(UniterConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0), img_dim=D, variant="pair")

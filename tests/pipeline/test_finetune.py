@@ -187,7 +187,7 @@ def test_nlvr2_variants(data, variant):
 
     record = run(ft_params(data, budget("nlvr2", steps=2), f"finetune.nlvr2_variant={variant}"), "nlvr2")["nlvr2"]
     config = json.loads((data / "models" / "nlvr2" / "model_config.json").read_text())
-    assert config["task_info"] == {"variant": variant}
+    assert config["task_info"] == {"variant": variant, "head": "linear"}
     assert set(record["pretrained"]) == {"dev", "test"}
 
 
