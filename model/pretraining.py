@@ -1,7 +1,7 @@
 """UniterForPretraining: the encoder with its five pretraining objectives (docs/design.md §10).
 
-One task per mini-batch (UNITER samples one by ``mix_ratio``): ``forward(batch, task)`` runs the
-encoder once and computes only that task's loss. ITM batches also get WRA when the model was
+One task per mini-batch (UNITER draws one per optimizer step by ``mix_ratio``): ``forward(batch,
+task)`` runs the encoder once and computes only that task's loss. ITM batches also get WRA when the model was
 built with ``wra_weight > 0``: loss = itm_loss + wra_weight * wra_loss.
 """
 

@@ -1,8 +1,8 @@
 """Start the region projection where the text side already is: at the detector's class names.
 
-UNITER initializes the image embedder at random (``model.region_init: random``, the default), so the BERT-initialized encoder first has to learn
-a mapping from region features into its word space before any word can attend to the region that
-shows it. At full scale that is a small part of 100k+ steps; on a CPU budget of a few hundred steps
+UNITER initializes the image embedder at random (``model.region_init: random``, the ``uniter``
+recipe's start), so the BERT-initialized encoder first has to learn a mapping from region features
+into its word space before any word can attend to the region that shows it. At full scale that is a small part of 100k+ steps; on a CPU budget of a few hundred steps
 it is most of the run. ``class_name_projection`` fits the projection ``feat_proj`` (a Linear
 D -> H) by ridge regression so that a region's projection approximates the word embedding of what
 the detector says it is: ``sum_c p_c * E[name_c]``, with ``p`` the region's class distribution (the
