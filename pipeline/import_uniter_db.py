@@ -124,7 +124,9 @@ def run(params: Params) -> dict[str, Any]:
     """Convert the release; returns the report (also written under data/reports/uniter_import/)."""
     rel, data = params.build_dbs.uniter_release, params.paths.data
     if not (rel.root / "img_db").is_dir() and not (rel.root / "txt_db").is_dir():
-        raise FileNotFoundError(f"build_dbs.uniter_release.root: {rel.root} holds neither img_db/ nor txt_db/")
+        # an input to fix, not a bug: the CLI prints it without a traceback (exit 2)
+        raise SourceFormatError(f"build_dbs.uniter_release.root: {rel.root} holds neither img_db/ nor txt_db/ "
+                                f"(expected the directory UNITER's download scripts filled)")
     img_root, txt_root = data / "db" / "img", data / "db" / "txt"
     digest = params.section_digest("build_dbs")
     img_report, images = import_images(params, img_root, digest)

@@ -323,3 +323,8 @@ def test_the_stage_is_on_the_cli_and_shares_build_dbs_lock():
                           timeout=120)
     assert "import_uniter_db" in done.stdout
     assert stage_keys("import_uniter_db") == stage_keys("build_dbs")
+
+
+def test_a_root_without_the_release_is_named(tmp_path):
+    with pytest.raises(SourceFormatError, match=r"build_dbs.uniter_release.root: .*nowhere holds neither img_db/"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={tmp_path / 'nowhere'}"))
