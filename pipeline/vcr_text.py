@@ -14,22 +14,18 @@ as UNITER's VCR pretraining reads its fine-tuning text DB.
 Truncation to ``max_len`` is longest-part-first over the parts a view concatenates, so every
 question+choice (+rationale) combination fits; truncated records are counted.
 
-:func:`vcr_sequence` is the one place where a VCR model input is laid out: fine-tuning rows
-(pipeline/tasks/vcr.py) and second-stage pretraining text (pipeline/training/vcr_views.py) both
-go through it, so the two stages see the same [SEP] layout and segment types.
+How a model input is laid out from these parts (one formatter for both stages that read them):
+``pipeline.training.vcr_views.vcr_sequence``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
-
-from model.config import TEXT_TYPE, VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE
 
 from pipeline.text_dbs import TextDbSpec, map_splits, read_manifest
 from pipeline.tokenization import WordPieceTokenizer
@@ -91,30 +87,6 @@ class _SegmentEncoder:
             else:
                 out.append(self.tok.object_tag_id(int(step.split(":")[1])))
         return out
-
-
-def vcr_sequence(special: Mapping[str, int], question: Sequence[int], answer: Sequence[int],
-                 rationale: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[CLS] q [SEP] a [SEP]`` (Q→A) or ``[CLS] q [SEP] a [SEP] r [SEP]`` (QA→R) and its segment types.
-
-    Types follow UNITER's VCR fine-tuning data (data/vcr.py ``VcrDataset``): [CLS] and the question
-    0, each [SEP] the type of the part after it (the last one: of the last part), the answer
-    ``VCR_ANSWER_TYPE`` (2), the rationale ``VCR_RATIONALE_TYPE`` (3).
-    Returns: (input_ids i64 [L], txt_type_ids i64 [L]), L = len(q) + len(a) (+ len(r)) + 3 (+ 1).
-    """
-    parts = [(question, TEXT_TYPE), (answer, VCR_ANSWER_TYPE)]
-    if rationale is not None:
-        parts.append((rationale, VCR_RATIONALE_TYPE))
-    ids, types = [special["cls"]], [TEXT_TYPE]
-    for k, (part, seg) in enumerate(parts):
-        if k:
-            ids.append(special["sep"])
-            types.append(seg)
-        ids.extend(int(i) for i in part)
-        types.extend([seg] * len(part))
-    ids.append(special["sep"])
-    types.append(parts[-1][1])
-    return torch.tensor(ids, dtype=torch.long), torch.tensor(types, dtype=torch.long)
 
 
 def fit_lengths(lengths: Sequence[int], limit: int) -> list[int]:

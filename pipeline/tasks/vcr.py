@@ -21,7 +21,7 @@ from model.config import UniterConfig
 from model.tasks import UniterForVcr
 from pipeline.tasks.base import EvalResult, FinetuneTask, percent, predict
 from pipeline.tasks.data import TaskDataset, eval_batches, row
-from pipeline.vcr_text import vcr_sequence
+from pipeline.training.vcr_views import vcr_sequence
 
 NUM_CHOICES = 4
 VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}

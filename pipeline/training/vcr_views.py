@@ -3,9 +3,9 @@
 UNITER pretrains on VCR with two views of every training question, kept as separate datasets
 (data/pretrain_vcr.py, ``VcrPretrainDataset``): Q→A (question + gold answer) and QA→R (question +
 gold answer + gold rationale). Both are read here from the DBs fine-tuning reads
-(``vcr_qa_<split>``, ``vcr_qar_<split>``) and laid out by :func:`pipeline.vcr_text.vcr_sequence`,
-the formatter of the fine-tuning rows: ``[CLS] q [SEP] a [SEP] (r [SEP])`` with segment types
-0 / 2 / 3. A view presents the interface PretrainDataset reads from a TextDb (``meta``, ``name``,
+(``vcr_qa_<split>``, ``vcr_qar_<split>``) and laid out by :func:`vcr_sequence`, which lays out the
+fine-tuning rows too (pipeline/tasks/vcr.py): ``[CLS] q [SEP] a [SEP] (r [SEP])`` with segment
+types 0 / 2 / 3, so the two stages see the same [SEP] layout and segment types. A view presents the interface PretrainDataset reads from a TextDb (``meta``, ``name``,
 ``ids``, ``id2len``, ``txt2img``, ``img_db_names``, ``view[id]``); its records carry the laid-out
 ``input_ids`` ([CLS] and [SEP] included) and ``txt_type_ids``, which PretrainDataset takes as they
 are. ``id2len`` counts the tokens between [CLS] and the last [SEP], as for a plain text DB.
@@ -14,12 +14,37 @@ are. ``id2len`` counts the tokens between [CLS] and the last [SEP], as for a pla
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
 
+from model.config import TEXT_TYPE, VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE
 from pipeline.stores import TextDb
-from pipeline.vcr_text import vcr_sequence
+
+
+def vcr_sequence(special: Mapping[str, int], question: Sequence[int], answer: Sequence[int],
+                 rationale: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[CLS] q [SEP] a [SEP]`` (Q→A) or ``[CLS] q [SEP] a [SEP] r [SEP]`` (QA→R) and its segment types.
+
+    Types follow UNITER's VCR fine-tuning data (data/vcr.py ``VcrDataset``): [CLS] and the question
+    0, each [SEP] the type of the part after it (the last one: of the last part), the answer
+    ``VCR_ANSWER_TYPE`` (2), the rationale ``VCR_RATIONALE_TYPE`` (3).
+    Returns: (input_ids i64 [L], txt_type_ids i64 [L]), L = len(q) + len(a) (+ len(r)) + 3 (+ 1).
+    """
+    parts = [(question, TEXT_TYPE), (answer, VCR_ANSWER_TYPE)]
+    if rationale is not None:
+        parts.append((rationale, VCR_RATIONALE_TYPE))
+    ids, types = [special["cls"]], [TEXT_TYPE]
+    for k, (part, seg) in enumerate(parts):
+        if k:
+            ids.append(special["sep"])
+            types.append(seg)
+        ids.extend(int(i) for i in part)
+        types.extend([seg] * len(part))
+    ids.append(special["sep"])
+    types.append(parts[-1][1])
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(types, dtype=torch.long)
 
 
 def _gold(db: TextDb, eid: str, record: dict[str, Any], choices_key: str, label_key: str) -> np.ndarray | None:
