@@ -18,9 +18,19 @@ export OMP_WAIT_POLICY := PASSIVE
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo ablations seeds test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup setup-download demo ablations seeds test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
+
+# img2dataset for download@cc|sbu (docs/real-data.md), in its own venv: its pins (pandas<3) fight ours
+DL_VENV := .venv-img2dataset
+DL_STAMP := $(DL_VENV)/.installed
+setup-download: $(DL_STAMP)
+
+$(DL_STAMP): requirements-download.txt
+	test -x $(DL_VENV)/bin/python || $(PY) -m venv $(DL_VENV)
+	$(DL_VENV)/bin/pip install -q -r requirements-download.txt
+	touch $(DL_STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml scripts/install_detectron2.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,10 +59,11 @@ ablations: $(STAMP)
 # `test-full` adds the default-params run (the demo, marker `demo`).
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-test: $(STAMP)
+# tests/pipeline/test_download.py runs the real img2dataset
+test: $(STAMP) $(DL_STAMP)
 	$(PYTEST) -m "not demo"
 
-test-full: $(STAMP)
+test-full: $(STAMP) $(DL_STAMP)
 	$(PYTEST)
 
 test-fast: $(STAMP)

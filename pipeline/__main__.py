@@ -55,11 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.config import ParamsError, load_params
 
     try:
-        params = load_params(args.params, args.overrides)
+        params = load_params(args.params, args.overrides, check_paths=STAGES[args.command].check_paths)
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from model.weights_file import UnsafeCheckpointError
+    from pipeline.download import DownloadError
     from pipeline.configs.pretrain import PRETRAIN_OUTPUTS
     from pipeline.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
     from pipeline.ownership import ForeignDirectoryError
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceFormatError, UnsafeCheckpointError) as err:  # an input file to replace: no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (ForeignDirectoryError, DiskFullError) as err:  # the machine's state, not a bug: say what to fix
+    except (ForeignDirectoryError, DiskFullError, DownloadError) as err:  # the machine's state: say what to fix
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

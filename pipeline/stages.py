@@ -17,12 +17,16 @@ class Stage:
     entry: str
     help: str
     item: str | None = None  # what the optional positional ITEM names, if the stage takes one
+    # False: the CLI skips the params' path check (the stage creates a checked path: download's image_root)
+    check_paths: bool = True
 
 
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
+        Stage("download", "pipeline.download:run", "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
+              item="dataset", check_paths=False),
         Stage("ingest", "pipeline.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
         Stage("decontaminate", "pipeline.decontaminate:run", "remove eval images from pretraining; reports"),
         Stage("train_detector", "pipeline.detector_train:run", "fit the mini-world C4 detector"),

@@ -89,12 +89,18 @@ class Flickr30kSource:
     image_root: Path = must_exist()
 
 
+# How downloaded web images (CC, SBU) lie below image_root (pipeline/sources/web_images.py):
+# img2dataset: its "files" output, shards NNNNN/<key>.jpg + NNNNN.parquet mapping url -> key, status;
+# sha1: one flat folder of <sha1 of the URL's UTF-8 bytes, hex>.jpg
+ImageLayout = Literal["img2dataset", "sha1"]
+
+
 @dataclass(frozen=True)
 class CcSource:
     train_tsv: Path = must_exist()
     val_tsv: Path = must_exist()
-    # downloaded images, named <sha1 of the raw URL>.jpg (img2dataset-style key)
-    image_root: Path = must_exist()
+    image_root: Path = must_exist()  # the downloaded images (the download@cc stage's output folder)
+    image_layout: ImageLayout = "img2dataset"
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,20 @@ class SbuSource:
     urls: Path = must_exist()
     captions: Path = must_exist()
     image_root: Path = must_exist()
+    image_layout: ImageLayout = "img2dataset"
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    """How ``download@cc`` / ``download@sbu`` run img2dataset (world: real; pipeline/download.py)."""
+
+    # the img2dataset executable: a venv of its own (`make setup-download`), its pins fight ours (pandas<3)
+    command: str = ".venv-img2dataset/bin/img2dataset"
+    processes: int = bounded(4, 1, 1024)  # img2dataset processes_count
+    threads: int = bounded(64, 1, 4096)  # img2dataset thread_count (per process)
+    timeout_s: int = bounded(10, 1, 3600)  # per image request
+    retries: int = bounded(0, 0, 100)  # extra tries per image after a failed request
+    samples_per_shard: int = bounded(10_000, 1, MAX_COUNT)  # img2dataset number_sample_per_shard
 
 
 @dataclass(frozen=True)
@@ -161,3 +181,4 @@ class SourcesConfig:
     nlvr2: Nlvr2Source = field(default_factory=Nlvr2Source)
     snli_ve: SnliVeSource = field(default_factory=SnliVeSource)
     refcoco: RefcocoSource = field(default_factory=RefcocoSource)
+    download: DownloadConfig = field(default_factory=DownloadConfig)

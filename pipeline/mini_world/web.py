@@ -1,5 +1,6 @@
 """Conceptual Captions (TSV ``caption<TAB>url``) and SBU (parallel url / caption lines), with their
-downloaded images at ``images/<sha1(url)>.jpg``.
+downloaded images in img2dataset's shard layout below ``images/`` (pipeline/mini_world/shards.py;
+rendered at ``images/<sha1(url)>.jpg`` first, moved into the shards once the line order is known).
 
 Planted: rows at Flickr URLs of eval photos (``flickr_photo_id``), CC rows at spelling variants of
 eval image URLs (``canonical_url``), rows at unrelated URLs whose image is a re-encode of an eval
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.mini_world.shards import lay_out
 from pipeline.mini_world.text import web_caption
 from pipeline.mini_world.urlforms import (
     flickr_url, flickr_variant, original_url, sha1_key, url_variant, web_url,
@@ -213,6 +215,7 @@ def write_cc(world: World) -> None:
             world.defect("cc", "cc/Train_GCC-training.tsv", lineno, "line", *row.defect)
     world.write_lines("cc/Train_GCC-training.tsv", lines)
     world.write_lines("cc/Validation_GCC-1.1.0-Validation.tsv", [r.caption + b"\t" + r.url.encode() for r in val])
+    lay_out(world, "cc", [r for r in rows + val if r.image_key])  # img2dataset was given both files' URLs
     world.counts["cc_train_rows"], world.counts["cc_val_rows"] = len(lines), len(val)
 
 
@@ -234,4 +237,5 @@ def write_sbu(world: World) -> None:
             world.defect("sbu", fname, lineno, "line", *row.defect)
     world.write_lines("sbu/SBU_captioned_photo_dataset_urls.txt", [r.url.encode() for r in rows])
     world.write_lines("sbu/SBU_captioned_photo_dataset_captions.txt", [r.caption for r in rows])
+    lay_out(world, "sbu", [r for r in rows if r.image_key])
     world.counts["sbu_rows"] = len(rows)

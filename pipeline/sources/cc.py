@@ -3,27 +3,26 @@
 Format: one ``caption<TAB>url`` pair per line, no header, no quoting (captions may contain quote
 characters). The 3.3M-line training file is streamed line by line as bytes, so a line that is not
 UTF-8 is rejected on its own (``non_utf8``) and memory stays constant. Images are the downloaded
-copies named by the SHA-1 of the URL (img2dataset-style): ``<image_root>/<sha1(url)>.jpg``.
-The URL is the pair's identity: a URL seen again is a ``duplicate_id`` (the first line wins).
+copies below ``image_root``, found by URL in img2dataset's shards or by the URL's SHA-1
+(``sources.cc.image_layout``; pipeline/sources/web_images.py). The URL is the pair's identity
+(``image_id`` = sha1 of the URL in both layouts): a URL seen again is a ``duplicate_id`` (the first
+line wins).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 from typing import Iterator
 
 from pipeline.sources.records import MALFORMED_ROW, NON_UTF8, URL_RE, ReadContext, Reject, Row, check_url, iter_lines
+from pipeline.sources.web_images import resolve
 
 DATASET = "cc"
 IMAGE_SOURCE = "cc"
 COLUMNS = ()  # the core columns only
 IMAGES_REPEAT = False  # one image per URL: no point caching image checks
-
-
-def url_key(url: str) -> str:
-    """The image id of a URL: sha1 of its UTF-8 bytes, hex (also the downloaded file's stem)."""
-    return hashlib.sha1(url.encode("utf-8")).hexdigest()
 
 
 def input_files(sources) -> dict[str, Path]:
@@ -33,16 +32,23 @@ def input_files(sources) -> dict[str, Path]:
 def read(ctx: ReadContext) -> Iterator[Row | Reject]:
     """Every line of the train then the val TSV, as a Row or a Reject (one per line)."""
     src = ctx.sources.cc
-    for split, path in (("train", src.train_tsv), ("val", src.val_tsv)):
-        yield from read_tsv(Path(path), split, Path(src.image_root), ctx)
+    return resolve(parse(ctx), Path(src.image_root), src.image_layout, ctx=ctx)
 
 
-def read_tsv(path: Path, split: str, image_root: Path, ctx: ReadContext) -> Iterator[Row | Reject]:
+def parse(ctx: ReadContext) -> Iterator[Row | Reject]:
+    """Both TSVs' lines as Rows (``image_path`` not yet known: None) or Rejects; the download@ stage
+    reads the URLs to fetch from these Rows."""
+    src = ctx.sources.cc
+    return itertools.chain.from_iterable(
+        read_tsv(Path(path), split, ctx) for split, path in (("train", src.train_tsv), ("val", src.val_tsv)))
+
+
+def read_tsv(path: Path, split: str, ctx: ReadContext) -> Iterator[Row | Reject]:
     """One CC TSV file: yields a Row or a Reject for each line (locator ``line N``, 1-based).
 
     The common case (a valid line) takes an inlined fast path: this loop runs 3.3M times.
     """
-    source, root = str(path), str(image_root)
+    source = str(path)
     min_chars, max_chars = max(1, ctx.min_text_chars), ctx.max_text_chars
     url_match, sha1 = URL_RE.match, hashlib.sha1
     for lineno, line in iter_lines(path, ctx, f"cc {split}"):
@@ -62,9 +68,8 @@ def read_tsv(path: Path, split: str, image_root: Path, ctx: ReadContext) -> Iter
             yield Reject(problem[0], problem[1], line, source, f"line {lineno}")
             continue
         digest = sha1(url.encode("utf-8")).hexdigest()
-        image_path = f"{root}/{digest}.jpg"
         values = {
             "example_id": f"cc:{digest}", "split": split, "image_source": IMAGE_SOURCE,
-            "image_id": digest, "image_path": image_path, "url": url, "text": caption,
+            "image_id": digest, "image_path": None, "url": url, "text": caption,
         }
-        yield Row(values, line, source, f"line {lineno}", (image_path,), key=int(digest[:16], 16))
+        yield Row(values, line, source, f"line {lineno}", key=int(digest[:16], 16))

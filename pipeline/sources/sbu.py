@@ -3,8 +3,9 @@
 Two parallel text files: line N of the URL file is the photo whose caption is line N of the
 captions file. Both are streamed line by line as bytes in lockstep. A line present in only one
 file (the files disagree in length) is a ``malformed_row``. The raw row of a reject is the URL line
-and the caption line joined by a newline. Images: ``<image_root>/<sha1(url)>.jpg``; a repeated
-URL is a ``duplicate_id`` (first wins).
+and the caption line joined by a newline. Images: below ``image_root`` in the layout of
+``sources.sbu.image_layout`` (pipeline/sources/web_images.py); ``image_id`` is the sha1 of the URL,
+and a repeated URL is a ``duplicate_id`` (first wins).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.sources.cc import url_key
 from pipeline.sources.records import (
     MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines,
 )
+from pipeline.sources.web_images import resolve, url_key
 
 DATASET = "sbu"
 IMAGE_SOURCE = "sbu"
@@ -37,7 +38,13 @@ def _plain_lines(path: Path) -> Iterator[bytes]:
 def read(ctx: ReadContext) -> Iterator[Row | Reject]:
     """One Row or Reject per line pair (locator ``line N``, 1-based); split is always ``train``."""
     src = ctx.sources.sbu
-    urls_path, captions_path, root = Path(src.urls), Path(src.captions), str(src.image_root)
+    return resolve(parse(ctx), Path(src.image_root), src.image_layout, ctx=ctx)
+
+
+def parse(ctx: ReadContext) -> Iterator[Row | Reject]:
+    """The line pairs as Rows (``image_path`` not yet known: None) or Rejects."""
+    src = ctx.sources.sbu
+    urls_path, captions_path = Path(src.urls), Path(src.captions)
     url_file, caption_file = str(urls_path), str(captions_path)
     check_text = ctx.check_text
     numbered_urls = iter_lines(urls_path, ctx, "sbu")
@@ -67,9 +74,8 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
             yield Reject(problem[0], problem[1], raw, caption_file, locator)
             continue
         digest = url_key(url)
-        image_path = f"{root}/{digest}.jpg"
         values = {
             "example_id": f"sbu:{digest}", "split": "train", "image_source": IMAGE_SOURCE, "image_id": digest,
-            "image_path": image_path, "url": url, "text": caption,
+            "image_path": None, "url": url, "text": caption,
         }
-        yield Row(values, raw, url_file, locator, (image_path,), key=int(digest[:16], 16))
+        yield Row(values, raw, url_file, locator, key=int(digest[:16], 16))

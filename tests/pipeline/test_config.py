@@ -253,7 +253,9 @@ def _real_world(tmp_path: Path, present=PARTIAL, **sections) -> dict:
     raw = load_raw(PARAMS)
     raw["world"] = "real"
     for dataset, keys in raw["sources"].items():
-        for key in [k for k in keys if k != "variant"]:
+        if dataset == "download":  # how download@ runs img2dataset: no paths to provide
+            continue
+        for key in [k for k in keys if k not in ("variant", "image_layout")]:
             path = tmp_path / dataset / key
             keys[key] = str(path)
             if dataset in present:

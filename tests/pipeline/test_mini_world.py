@@ -12,12 +12,14 @@ import json
 import pickle
 import re
 from collections import Counter, defaultdict
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from pipeline.config import load_raw
+from pipeline.configs.world import SourcesConfig
 from pipeline.mini_world import generate, small_config
 from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
@@ -91,7 +93,10 @@ def test_same_seed_gives_identical_tree_and_other_seed_differs(world_dir, tmp_pa
 def test_every_source_path_of_params_exists(world_dir):
     sources = load_raw(PARAMS)["sources"]
     prefix = load_raw(PARAMS)["mini_world"]["out_dir"].rstrip("/") + "/"
-    paths = [v for section in sources.values() for k, v in section.items() if k != "variant"]
+    # the keys that name files (sources.download and keys such as variant, image_layout do not)
+    path_keys = {(s.name, f.name) for s in fields(SourcesConfig) for f in fields(s.default_factory)
+                 if f.metadata.get("must_exist")}
+    paths = [v for name, section in sources.items() for k, v in section.items() if (name, k) in path_keys]
     assert len(paths) >= 30
     for p in paths:
         assert p.startswith(prefix), p

@@ -74,10 +74,12 @@ def fixture_overrides(tmp_path: Path) -> list[str]:
         "vg": {"image_data": f / "vg/image_data.json", "region_descriptions": f / "vg/region_descriptions.json",
                "image_root": images / "vg"},
         "flickr30k": {"karpathy": f / "flickr30k/dataset_flickr30k.json", "image_root": images / "flickr30k"},
+        # the fixture images of CC/SBU lie in the sha1 layout; test_read_web.py lays them out as img2dataset's too
         "cc": {"train_tsv": f / "cc/Train_GCC-training.tsv", "val_tsv": f / "cc/Validation_GCC-1.1.0-Validation.tsv",
-               "image_root": images / "cc"},
+               "image_root": images / "cc", "image_layout": "sha1"},
         "sbu": {"urls": f / "sbu/SBU_captioned_photo_dataset_urls.txt",
-                "captions": f / "sbu/SBU_captioned_photo_dataset_captions.txt", "image_root": images / "sbu"},
+                "captions": f / "sbu/SBU_captioned_photo_dataset_captions.txt", "image_root": images / "sbu",
+                "image_layout": "sha1"},
         "vqa": {f"questions_{s}": f / f"vqa/v2_OpenEnded_mscoco_{s}{y}_questions.json"
                 for s, y in (("train", 2014), ("val", 2014), ("test", 2015))}
         | {f"annotations_{s}": f / f"vqa/v2_mscoco_{s}2014_annotations.json" for s in ("train", "val")},

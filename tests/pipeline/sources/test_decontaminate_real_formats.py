@@ -111,8 +111,11 @@ def _write(root: Path) -> dict[str, dict[str, Path]]:
                 "annotations_val": dump("vqa/a_val.json", {"annotations": []})},
         "vg": {"image_data": dump("vg/image_data.json", vg),
                "region_descriptions": dump("vg/region_descriptions.json", regions), "image_root": images / "vg"},
-        "cc": {"train_tsv": root / "cc/train.tsv", "val_tsv": root / "cc/val.tsv", "image_root": images / "cc"},
-        "sbu": {"urls": root / "sbu/urls.txt", "captions": root / "sbu/captions.txt", "image_root": images / "sbu"},
+        # no image files (check_images is off): the sha1 layout names a path without looking one up
+        "cc": {"train_tsv": root / "cc/train.tsv", "val_tsv": root / "cc/val.tsv", "image_root": images / "cc",
+               "image_layout": "sha1"},
+        "sbu": {"urls": root / "sbu/urls.txt", "captions": root / "sbu/captions.txt", "image_root": images / "sbu",
+                "image_layout": "sha1"},
     }
 
 
