@@ -40,7 +40,6 @@ class Nlvr2Task(ClassificationTask):
         def typed(regs: dict[str, np.ndarray], side: int) -> dict[str, Any]:
             return {"img_type_ids": [side] * len(regs["features"])} if image_types else {}
 
-
         def build(index: int, eid: str, rec: dict[str, Any]) -> dict[str, Any]:
             images = rec["image_ids"]
             if len(images) != 2:
