@@ -327,3 +327,10 @@ def test_build_dbs_on_real_mini_world_manifests(tmp_path):
     assert all(ref[e]["target_index"] >= 0 for e in ref.ids)  # the referred box is among the image's gt boxes
     clean_cc_val = frames["clean_cc"].query("split == 'val'")["example_id"].tolist()
     assert TextDb(txt / "pretrain_outdomain_val").ids == sorted(clean_cc_val)
+    # the mini world's evaluation-server files reach the test DBs: VQA and VCR test are labelled
+    vqa_test = TextDb(txt / "vqa_test")
+    assert len(vqa_test) and all(manifest.loc[e, "answers"] is not None for e in vqa_test.ids)
+    assert sum(len(vqa_test[e]["answer_labels"]) > 0 for e in vqa_test.ids) > len(vqa_test) / 2
+    for view in ("qa", "qar"):
+        test = TextDb(txt / f"vcr_{view}_test")
+        assert len(test) and all(test[e]["label"] >= 0 for e in test.ids)
