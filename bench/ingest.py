@@ -250,7 +250,8 @@ def main() -> None:
         failed = write_shards(tsv, work / "shards")
         print(f"wrote {args.rows:,} rows ({tsv.stat().st_size / 1e6:.0f} MB) and their img2dataset shard tables "
               f"in {time.perf_counter() - start:.1f}s")
-        runs = {(which, layout): measure(which, layout, tsv, work) for layout in LAYOUTS for which in ("ours", "pandas")}
+        runs = {(which, layout): measure(which, layout, tsv, work)
+                for layout in LAYOUTS for which in ("ours", "pandas")}
         small = work / "tenth.tsv"  # the first tenth of the same file, the same shards
         with tsv.open("rb") as src, small.open("wb") as dst:
             dst.writelines(line for _, line in zip(range(args.rows // 10), src))

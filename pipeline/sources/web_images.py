@@ -94,7 +94,7 @@ class ShardIndex:
         order = np.lexsort((keys, shard, ~ok, h2, h1))
         self.h1, self.h2, self.shard, self.key, self.ok = h1[order], h2[order], shard[order], keys[order], ok[order]
         # "status: error_message" of failed rows (null for the others), in index order; Arrow strings
-        self._errors = pa.chunked_array(errors, pa.string()).take(order) if errors else pa.chunked_array([], pa.string())
+        self._errors = pa.chunked_array(errors, pa.string()).take(order)
 
     @staticmethod
     def _read(path: Path) -> pa.Table:
