@@ -68,8 +68,13 @@ class Range:
 
 
 def bounded(default: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
-    """A dataclass field whose number must lie in [lo, hi] (ends excluded when open); the parser checks it."""
-    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
+    """A dataclass field whose number must lie in [lo, hi] (ends excluded when open); the parser checks it.
+
+    ``default`` may be ``dataclasses.MISSING``: the key is then required (params.yaml holds the value)."""
+    meta = {"range": Range(lo, hi, lo_open, hi_open)}
+    if default is dataclasses.MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def range_problems(obj: Any) -> list[tuple[str, str]]:

@@ -30,7 +30,7 @@ class UniterReleaseConfig:
     ans2label: Path | None = None
 
     def problems(self) -> list[tuple[str, str]]:
-        few = f"must be >= min_bb ({self.min_bb}), got {self.max_bb}"
+        few = f"must be >= build_dbs.uniter_release.min_bb ({self.min_bb}), got {self.max_bb}"
         return checked(max_bb=few if self.max_bb < self.min_bb else None)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 from typing import Literal, Mapping
 
 from pipeline.configs import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, subset_problem, \
@@ -38,20 +38,23 @@ TASK_SPLITS: dict[str, TaskSplits] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskConfig:
+    """One task's budget. No defaults: each task's values live in params.yaml only (a default here
+    would be a second, drifting copy of them)."""
+
     # optimizer steps (the same budget for the pretrained and the scratch start)
-    steps: int = bounded(300, 1, MAX_STEPS)
-    lr: float = bounded(5e-5, 0, 1, lo_open=True)  # peak learning rate
+    steps: int = bounded(MISSING, 1, MAX_STEPS)
+    lr: float = bounded(MISSING, 0, 1, lo_open=True)  # peak learning rate
     # training micro batch: padded text tokens + regions, all rows of an example
-    batch_tokens: int = bounded(4096, 1, MAX_TOKENS)
-    warmup_steps: int = bounded(30, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
+    warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     tasks: tuple[str, ...] = TASKS
-    per_task: Mapping[str, TaskConfig] = field(default_factory=lambda: {t: TaskConfig() for t in TASKS})
+    per_task: Mapping[str, TaskConfig]  # task -> its budget (params.yaml)
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
     nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
     nlvr2_head: Literal["linear", "mlp"] = "linear"  # linear: one Linear to 2 classes (UNITER); mlp: the answer MLP

@@ -73,7 +73,7 @@ class CocoSource:
     image_root: Path = must_exist()
     # image_info_test2015.json: the URLs of the test2015 images (VQA test), which decontamination
     # needs and the VQA questions do not carry; null: those images are known by their id only
-    image_info_test: Path | None = must_exist(None)
+    image_info_test: Path | None = must_exist()
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class VqaSource:
     annotations_val: Path = must_exist()
     # the test answers as an evaluation server holds them (the mini world writes one under eval_server/);
     # null on real data, whose test answers are not public: the test split is then predicted, not scored
-    annotations_test: Path | None = must_exist(None)
+    annotations_test: Path | None = must_exist()
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class VcrSource:
     image_root: Path = must_exist()
     # the test labels as the leaderboard holds them (jsonl of annot_id, answer_label, rationale_label;
     # the mini world writes one under eval_server/); null on real data: test is predicted, not scored
-    test_labels: Path | None = must_exist(None)
+    test_labels: Path | None = must_exist()
 
 
 @dataclass(frozen=True)
