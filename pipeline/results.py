@@ -42,6 +42,8 @@ COLUMNS = ("pretrained", "scratch", "gain", "zero_shot", "chance")
 # so the demo's check asks only that the pretrained start beat chance on it.
 CEILING_HEADROOM = 5.0
 DEV_MARK = " (dev: no test labels)"  # a row scored on dev because the task's test labels are not here
+# a dev row of a task in decontaminate.keep_dev_in_pretraining: its dev images were pretrained on
+SEEN_MARK = " (dev images in pretraining)"
 # held-out pretraining metrics shown in the ablation section: (task, metric, label)
 PRETRAIN_METRICS = (("mlm", "mlm_acc", "MLM acc"), ("mrc_kl", "mrc_acc", "MRC-kl acc"), ("itm", "itm_acc", "ITM acc"),
                     ("mrfr", "loss", "MRFR loss"))
@@ -148,6 +150,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     for r in results["rows"]:
         mark = " (at ceiling)" if r.get("at_ceiling") else ""
         mark += DEV_MARK if r.get("split") == "dev" else ""
+        mark += SEEN_MARK if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ()) else ""
         lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {_fmt(r['steps'])} "
                      f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} | {_fmt(r['gain'], True)} "
                      f"| {_fmt(r['zero_shot'])} | {_fmt(r['chance'])} |")
@@ -165,6 +168,13 @@ def render_markdown(results: Mapping[str, Any]) -> str:
                   "`sources.vcr.test_labels`)." + (" VQA's test predictions, for the server, are in "
                   "`data/models/vqa/vqa_predictions_test.json`." if "vqa" in dev_tasks else "")
                   + " Read these rows as optimistic, and do not compare them with test rows."]
+    seen = sorted({r["task"] for r in results["rows"]
+                   if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ())})
+    if seen:
+        lines += ["", f"*{SEEN_MARK.strip(' ()')}*: {', '.join(seen)} scored on a dev split whose images stayed in "
+                  "the pretraining data (`decontaminate.keep_dev_in_pretraining`, UNITER's data for VQA): the "
+                  "pretrained start has seen these images with their captions, so its score and gain there are "
+                  "inflated by an amount this table cannot tell."]
     if any(r.get("at_ceiling") for r in results["rows"]):
         lines += ["", f"*At ceiling*: the non-pretrained start is within {CEILING_HEADROOM:g} points of the row's "
                   "ceiling (its model-free reference level below, or 100), so no start has room to show a gain "
@@ -205,11 +215,12 @@ def run(params: Params) -> dict[str, Any]:
     records = load_task_metrics(data / "metrics", tasks)
     models, name = data / "models", params.pretrain.out_name
     results = {"tasks": tasks, **summarize(records),
+               "dev_in_pretraining": sorted(set(params.decontaminate.keep_dev_in_pretraining) & set(tasks)),
                "pretraining": pretraining_report(models / name / "eval.json")}
     out = data / "reports"
     atomic_write_json(out / RESULTS_JSON, results)
     atomic_write_bytes(out / RESULTS_MD, render_markdown(results).encode("utf-8"))
-    record = RunRecord("results", params.section_digest("finetune"))
+    record = RunRecord("results", params.section_digest("finetune", "decontaminate"))
     for task in tasks:
         record.inputs[task] = data / "metrics" / f"{task}.json"
     record.counts = {"tasks": len(tasks), "rows": len(results["rows"])}

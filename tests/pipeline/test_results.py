@@ -141,6 +141,25 @@ def test_a_task_without_test_labels_reports_dev_and_the_row_says_so(tmp_path):
     assert code == 0 and "VQA val acc (dev: no test labels)" in out
 
 
+def test_dev_rows_of_tasks_whose_dev_images_stayed_in_pretraining_are_marked(tmp_path):
+    """decontaminate.keep_dev_in_pretraining: [vqa] (UNITER's data) with no VQA test labels."""
+    from pipeline.results import SEEN_MARK, run
+
+    data = tmp_path / "data"
+    vqa_dev = {**VQA, "summary": {"val/accuracy": {**VQA["summary"]["test/accuracy"], "label": "VQA val acc",
+                                                   "chance": 31.0}}}
+    write_metrics(data, vqa_dev, RETRIEVAL)
+    results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]",
+                             "decontaminate.keep_dev_in_pretraining=[vqa, nlvr2]"))
+    assert results["dev_in_pretraining"] == ["vqa"]  # nlvr2 is not fine-tuned here
+    md = (data / "reports" / "results.md").read_text()
+    assert f"| vqa | VQA val acc (`val/accuracy`) (dev: no test labels){SEEN_MARK} | 40 |" in md
+    assert "*dev images in pretraining*: vqa scored on a dev split" in md
+    assert md.count(SEEN_MARK) == 1  # the retrieval rows (test) are not marked
+    unmarked = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
+    assert unmarked["dev_in_pretraining"] == [] and SEEN_MARK not in (data / "reports" / "results.md").read_text()
+
+
 def test_missing_task_metrics_name_the_stage(tmp_path):
     from pipeline.results import run
 
