@@ -14,7 +14,7 @@
 #   scripts/airflow_local.sh wait RUN_ID [S]  # wait until the run succeeds (exit 0) or fails (exit 1)
 #   scripts/airflow_local.sh status           # which processes run, the last runs
 #   scripts/airflow_local.sh stop             # stop what `start` started
-#   scripts/airflow_local.sh kill-worker N    # SIGKILL Celery worker N's whole process group (a lost host)
+#   scripts/airflow_local.sh kill-worker N    # SIGKILL every process of Celery worker N (a lost host)
 #
 # Environment: AIRFLOW_STACK (local | celery; later commands default to the one `start` used),
 # AIRFLOW_HOME, AIRFLOW_PORT (8080), AIRFLOW_GPU_SLOTS (deploy/airflow.env), AIRFLOW_CELERY_WORKERS (2),
@@ -148,6 +148,15 @@ cmd_start() {
   echo "Airflow is up ($STACK stack, $AIRFLOW__CORE__EXECUTOR): http://127.0.0.1:$PORT ($DAG_ID unpaused, AIRFLOW_HOME=$AIRFLOW_HOME)"
 }
 
+# Every process of a session that start_proc began (its leader's pid is the session id): Airflow
+# puts each task into a process group of its own, so a group signal would miss the tasks.
+session_pids() { ps -eo pid=,sid= | awk -v sid="$1" '$2 == sid { print $1 }'; }
+
+kill_session() {
+  local pid
+  for pid in $(session_pids "$1"); do kill "-$2" "$pid" 2>/dev/null || true; done
+}
+
 cmd_stop() {
   local name
   for pid_file in "$PIDS"/*.pid; do  # whatever `start` started, of either stack
@@ -157,7 +166,7 @@ cmd_stop() {
       local pid; pid="$(cat "$PIDS/$name.pid")"
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
       for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-      kill -KILL -- "-$pid" 2>/dev/null || true
+      kill_session "$pid" KILL  # what is left, running tasks included
       echo "stopped $name"
     fi
     rm -f "$PIDS/$name.pid"
@@ -241,9 +250,9 @@ cmd_wait() {
 cmd_kill_worker() {
   local name="worker${1:?usage: kill-worker N}"
   running "$name" || { echo "$name is not running" >&2; exit 1; }
-  kill -KILL -- "-$(cat "$PIDS/$name.pid")"
+  kill_session "$(cat "$PIDS/$name.pid")" KILL
   rm -f "$PIDS/$name.pid"
-  echo "killed $name (SIGKILL to its process group)"
+  echo "killed $name (SIGKILL to every process of its session: the worker, its tasks, their stages)"
 }
 
 cmd_status() {

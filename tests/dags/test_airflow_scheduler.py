@@ -1,39 +1,51 @@
-"""A real Airflow 3 run: api-server, scheduler and dag-processor on 127.0.0.1 (SQLite,
-LocalExecutor) started by scripts/airflow_local.sh exactly as `make airflow` does; the DAG is
-triggered through the CLI and the scheduler runs every stage on a tiny world. Always stops the
-processes it started."""
+"""Real Airflow 3 runs of the DAG on the tiny world, both stacks of scripts/airflow_local.sh started
+exactly as `make airflow` and `make airflow AIRFLOW_STACK=celery` start them:
+
+- local: SQLite + LocalExecutor (the embedded default);
+- celery: PostgreSQL + CeleryExecutor + Redis broker with two Celery workers (deploy/airflow.env, the
+  settings docker-compose.yml reads), a fake count of 2 GPUs shared by both workers; while a mapped
+  ``extract`` runs, its worker's process group is killed with SIGKILL.
+
+Both runs get the same conf and run directory (one after the other); the Celery run's outputs must
+be byte-identical to the local run's.
+The Celery tests are skipped, naming the service, where PostgreSQL or Redis is missing. Always stops
+the processes it started and drops the database it created."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import socket
-import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+sys.path.append(str(Path(__file__).resolve().parents[1] / "e2e"))
+from test_dvc_repro import content_digest  # noqa: E402  (one definition of "byte-identical" for both)
+
+from airflow_stacks import (REPO, Stack, drop_database, kill_worker_during, make_stack, missing_service, task_log,
+                            wait_for_retry)
+from pipeline import gpu_alloc
 from pipeline.stages import STAGES
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts/airflow_local.sh"
 TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())
+CONF = {"run_name": "tiny", "seed": 1234, "overrides": TINY}  # runs dir: each stack's UNITER_RUNS_DIR
+RUN_ID = "tiny-run"
 RUN_TIMEOUT_S = 45 * 60
+FAKE_GPUS = 2
+# where .ci/run collects which stacks ran (unset: nowhere)
+STACKS_REPORT_ENV = "UNITER_AIRFLOW_STACKS_REPORT"
 
 MISSING = sorted({s.entry.split(":")[0] for s in STAGES.values() if importlib.util.find_spec(s.entry.split(":")[0]) is None})
 pytestmark = [
     pytest.mark.airflow,
-    pytest.mark.timeout(RUN_TIMEOUT_S + 600),
+    pytest.mark.timeout(RUN_TIMEOUT_S + 900),
     pytest.mark.skipif(bool(MISSING), reason=f"stage modules not written yet: {', '.join(MISSING)}"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dvc_outputs() -> list[str]:
@@ -44,57 +56,142 @@ def dvc_outputs() -> list[str]:
         return sorted(o.def_path for stage in repo.index.stages for o in stage.outs)
 
 
-@pytest.fixture
-def airflow_stack(tmp_path):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home"), "AIRFLOW_PORT": str(free_port()),
-           "AIRFLOW_START_TIMEOUT": "300", "UNITER_RUNS_DIR": str(tmp_path / "runs")}
+def report_stack(line: str) -> None:
+    if os.environ.get(STACKS_REPORT_ENV):
+        with open(os.environ[STACKS_REPORT_ENV], "a") as f:
+            f.write(line + "\n")
 
-    def script(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=REPO, capture_output=True, text=True,
-                              check=check, timeout=timeout)
 
+def start(stack: Stack) -> None:
+    started = stack.script("start", check=False)
+    assert started.returncode == 0, f"{stack.name}: {started.stdout}{started.stderr}"
+
+
+def run_on(stack: Stack) -> dict:
+    """Trigger the tiny run (on Celery: kill the worker of a running mapped extract, and bring it
+    back once its task runs elsewhere), wait for it, and collect Airflow's records of it."""
+    t0 = time.monotonic()
+    assert stack.script("trigger", json.dumps(CONF), RUN_ID).stdout.strip() == RUN_ID
+    out = {}
+    if stack.name == "celery":
+        out["killed"] = kill_worker_during(stack, RUN_ID, "extract", settle_s=2, timeout_s=RUN_TIMEOUT_S)
+        out["retry"] = wait_for_retry(stack, RUN_ID, out["killed"], timeout_s=600)
+        start(stack)
+    out["waited"] = stack.script("wait", RUN_ID, str(RUN_TIMEOUT_S), check=False, timeout=RUN_TIMEOUT_S + 120)
+    out["task_instances"] = stack.task_instances(RUN_ID) if stack.database else []
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The local run, then (where its services exist) the Celery run with the same conf at the same
+    path (outputs record their paths: byte-identical needs the same run dir), the local run's
+    directory moved aside as the baseline. Both stacks start at once; each stops after its run."""
+    base = tmp_path_factory.mktemp("airflow")
+    why_not = missing_service()
+    stacks = {"local": make_stack("local", base)}
+    if why_not is None:
+        stacks["celery"] = make_stack("celery", base, UNITER_GPU_COUNT=str(FAKE_GPUS), AIRFLOW_GPU_SLOTS=str(FAKE_GPUS),
+                                      AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30")
+    results, dirs = {}, {}
     try:
-        started = script("start", check=False)
-        assert started.returncode == 0, started.stdout + started.stderr
-        yield script, Path(env["AIRFLOW_HOME"])
+        with ThreadPoolExecutor(len(stacks)) as pool:
+            list(pool.map(start, stacks.values()))
+        local = stacks["local"]
+        results["local"] = {"refused": local.script("trigger", json.dumps({"model_preset": "huge"}), "bad-conf",
+                                                    check=False), **run_on(local)}
+        local.script("stop", check=False, timeout=120)
+        dirs["local"] = local.runs_dir.with_name("local_run")
+        (local.runs_dir / CONF["run_name"]).rename(dirs["local"])
+        report_stack("local (SQLite + LocalExecutor): ran")
+        if "celery" in stacks:
+            results["celery"] = run_on(stacks["celery"])
+            dirs["celery"] = stacks["celery"].runs_dir / CONF["run_name"]
+        report_stack("celery (PostgreSQL + CeleryExecutor + Redis, 2 workers): "
+                     + ("ran" if why_not is None else f"SKIPPED: {why_not}"))
+        yield {name: (stacks[name], results[name], dirs[name]) for name in results}, why_not
     finally:
-        script("stop", check=False, timeout=120)
-        for pid_file in (Path(env["AIRFLOW_HOME"]) / "pids").glob("*.pid"):
-            pytest.fail(f"{pid_file.stem} still has a pid file after stop")
+        for stack in stacks.values():
+            stack.script("stop", check=False, timeout=120)
+            leftover = sorted(p.stem for p in (stack.home / "pids").glob("*.pid"))
+            drop_database(stack)
+            assert not leftover, f"{stack.name}: {leftover} still have pid files after stop"
 
 
-def task_log(home: Path, run_id: str, task_id: str) -> str:
-    """The text of every attempt of a task's log (Airflow 3 writes JSON lines)."""
-    events = []
-    for path in sorted((home / "logs" / "dag_id=uniter_pretraining" / f"run_id={run_id}" / f"task_id={task_id}").glob(
-            "attempt=*.log")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(str(json.loads(line).get("event", "")))
-            except json.JSONDecodeError:
-                events.append(line)
-    return "\n".join(events)
+def succeeded(stack: Stack, result: dict, run_dir: Path) -> Path:
+    waited = result["waited"]
+    assert waited.returncode == 0, (f"{stack.name}: {waited.stdout}{waited.stderr}"
+                                    + task_log(stack.home, RUN_ID, "results"))
+    return run_dir
 
 
-def test_scheduler_runs_the_pipeline_into_its_run_dir(airflow_stack, tmp_path):
-    script, home = airflow_stack
-    runs_dir = tmp_path / "runs"
+def celery_run(runs) -> tuple[Stack, dict, Path]:
+    stacks, why_not = runs
+    if why_not is not None:
+        pytest.skip(f"celery stack not run: {why_not}")
+    return stacks["celery"]
 
-    refused = script("trigger", json.dumps({"model_preset": "huge"}), "bad-conf", check=False)
-    assert refused.returncode != 0, "a conf that breaks the Params schema must not create a run"
 
-    conf = {"run_name": "tiny", "seed": 1234, "overrides": TINY}  # runs_dir: the stack's UNITER_RUNS_DIR
-    assert script("trigger", json.dumps(conf), "tiny-run").stdout.strip() == "tiny-run"
-    waited = script("wait", "tiny-run", str(RUN_TIMEOUT_S), check=False, timeout=RUN_TIMEOUT_S + 120)
-    assert waited.returncode == 0, waited.stdout + waited.stderr + task_log(home, "tiny-run", "results")
-
-    run_dir = runs_dir / "tiny"
-    params = yaml.safe_load((run_dir / "params.yaml").read_text())
-    assert params["paths"]["data"] == str(run_dir / "data") and params["model"]["preset"] == "tiny"
+def test_local_run_makes_every_dvc_output_in_its_run_dir(runs):
+    stack, result, run_dir = runs[0]["local"]
+    assert result["refused"].returncode != 0, "a conf that breaks the Params schema must not create a run"
+    succeeded(stack, result, run_dir)
+    params = yaml.safe_load((run_dir / "params.yaml").read_text())  # written where the run ran (then moved here)
+    assert params["paths"]["data"] == str(stack.runs_dir / CONF["run_name"] / "data")
+    assert params["model"]["preset"] == "tiny"
     for out in dvc_outputs():  # everything dvc repro would make, made inside the run
         assert (run_dir / out).exists(), f"the run did not produce {out}"
     record = json.loads((run_dir / "outputs.json").read_text())
     assert {"data/raw/mini", "data/db/img", "data/models/pretrain", "data/reports/results.md"} <= set(record["outputs"])
-
-    cleaning_log = task_log(home, "tiny-run", "decontaminate")
+    cleaning_log = task_log(stack.home, RUN_ID, "decontaminate")
     assert "cleaning reports:" in cleaning_log and "total" in cleaning_log
+
+
+def test_celery_run_spreads_over_both_workers_and_matches_the_local_run_byte_for_byte(runs):
+    stack, result, run_dir = celery_run(runs)
+    succeeded(stack, result, run_dir)
+    for out in dvc_outputs():
+        assert (run_dir / out).exists(), f"the Celery run did not produce {out}"
+    hosts = {ti["hostname"].split("@")[0] for ti in result["task_instances"] if ti["hostname"]}
+    assert hosts == {"worker1", "worker2"}, f"task instances ran on {hosts}"
+    pids = {(ti["hostname"], ti["pid"]) for ti in result["task_instances"] if ti["pid"]}
+    assert len({h for h, _ in pids}) == 2 and len(pids) > 2
+    local_dir = succeeded(*runs[0]["local"])
+    assert (local_dir / "params.yaml").read_text() == (run_dir / "params.yaml").read_text()
+    local = json.loads((local_dir / "outputs.json").read_text())["outputs"]
+    assert sorted(json.loads((run_dir / "outputs.json").read_text())["outputs"]) == sorted(local)
+    # the e2e test's digest: bytes of every file, less wall times (_run.json, measured throughput)
+    differ = [out for out in sorted(local) if content_digest(local_dir / out) != content_digest(run_dir / out)]
+    assert differ == [], "outputs differ between the executors"
+
+
+def test_a_killed_worker_s_extract_is_retried_on_the_other_worker(runs):
+    stack, result, run_dir = celery_run(runs)
+    succeeded(stack, result, run_dir)
+    killed = result["killed"]
+    tries = sorted((ti for ti in result["task_instances"]
+                    if ti["task_id"] == "extract" and ti["map_index"] == killed["map_index"]),
+                   key=lambda ti: ti["try_number"])
+    assert tries[0]["try_number"] == killed["try_number"] and tries[0]["state"] != "success", tries
+    assert tries[0]["hostname"].split("@")[0] == killed["worker"]
+    last = tries[-1]
+    assert last["state"] == "success" and last["try_number"] > killed["try_number"], tries
+    assert last["hostname"].split("@")[0] != killed["worker"], f"the retry ran on the killed {killed['worker']}"
+
+
+def test_concurrent_gpu_tasks_on_two_workers_never_share_a_device(runs):
+    stack, result, run_dir = celery_run(runs)
+    succeeded(stack, result, run_dir)
+    intervals = gpu_alloc.read_intervals(stack.home / "gpu_locks" / gpu_alloc.RECORD_FILE)
+    unreleased = [iv for iv in intervals if iv.end is None]
+    # the extract killed with its worker died holding its device (nothing of it lived on); the
+    # kernel freed the lock for the tasks after it
+    assert [(iv.host.split("@")[0], iv.label.split("@")[0]) for iv in unreleased] == \
+        [(result["killed"]["worker"], "tiny:extract")], unreleased
+    assert gpu_alloc.shared_devices(intervals, open_until=result["killed"]["killed_at"]) == []
+    assert {iv.host.split("@")[0] for iv in intervals} == {"worker1", "worker2"}
+    assert {d for iv in intervals for d in iv.devices} == set(range(FAKE_GPUS))
+    together = [(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1:]
+                if a.end and b.end and a.start < b.end and b.start < a.end]
+    assert together, "no two GPU tasks ran at the same time: the check above checked nothing"
