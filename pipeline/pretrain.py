@@ -102,7 +102,9 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
         grad_clip = cfg.vcr.grad_clip
         first_mix, first_steps = {}, 0
-        dataset_ratio = None  # both views in one stream per task, as UNITER's one VCR dataset (config/pretrain-vcr-*.json)
+        # both views merged into one stream per task (UNITER's pretrain_vcr.py builds a loader per view,
+        # but under one name per task, so its MetaLoader keeps the QA->R loader only; docs/fidelity.md)
+        dataset_ratio = None
         init = data / "models" / output_name("pretrain", cfg.out_name)
         eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
     else:
