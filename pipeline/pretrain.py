@@ -264,9 +264,13 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         streams = train_streams(train_dbs, img_dbs, schedule.streams, seed=params.seed, masking=plan.masking,
                                 mask_prob=cfg.mask_prob, itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
                                 rank=dist.rank, world_size=dist.world_size, num_workers=cfg.num_workers)
-        val = held_out_batches(val_dbs, val_img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=cfg.mask_prob,
-                               itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
-                               n_batches=cfg.val_batches, rank=dist.rank, world_size=dist.world_size)
+        def held_out(n_batches: int | None) -> dict[str, list[dict[str, Any]]]:
+            return held_out_batches(val_dbs, val_img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=cfg.mask_prob,
+                                    itm_neg_prob=cfg.itm_neg_prob, batch_tokens=cfg.batch_tokens,
+                                    n_batches=n_batches, rank=dist.rank, world_size=dist.world_size)
+
+        val = held_out(cfg.val_batches)  # the val curves
+        final_val = held_out(cfg.eval_batches or None) if cfg.val_batches else {}  # eval.json
         torch.manual_seed(params.seed * 1000 + dist.rank)  # this rank's dropout stream
         settings = EngineSettings(device=device, precision=precision, world_size=dist.world_size,
                                   zero_stage=cfg.zero_stage, grad_accum=cfg.optim.grad_accum,
@@ -282,7 +286,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
             return cast_batch(batch, device, precision)
 
         baseline_start = time.time()
-        baseline = _baseline(engine, val, prepare, plan, dist, resume) if cfg.val_batches else {}
+        baseline = _baseline(engine, final_val, prepare, plan, dist, resume) if cfg.val_batches else {}
         loop_start = time.time()
         logger = MetricsLogger(plan.metrics_dir, stage=plan.stage, enabled=dist.is_main, resume_step=resume,
                                params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
@@ -296,20 +300,23 @@ def train_rank(params: Params, plan: StagePlan) -> None:
                                                  precision=precision, desc=plan.stage))
         finally:
             logger.close()
+        final_start = time.time()
+        final = evaluate(engine, final_val, prepare=prepare, module=engine.module) if final_val else {}
         text_only_start = time.time()
         text_only = {}
-        if "mlm" in val and cfg.val_batches:  # the same decision on every rank: evaluate is a collective
+        if "mlm" in final_val:  # the same decision on every rank: evaluate is a collective
             def without_image(batch: dict[str, Any]) -> dict[str, Any]:
                 return prepare({**batch, "img_mask": torch.zeros_like(batch["img_mask"])})
 
-            text_only = evaluate(engine, {"mlm": val["mlm"]}, prepare=without_image, module=engine.module,
+            text_only = evaluate(engine, {"mlm": final_val["mlm"]}, prepare=without_image, module=engine.module,
                                  prefix="val_text_only")
         # _run.json's wall-time split; the loop timed its own phases, "export" is added by _export
         result.timings_s = {"startup": round(baseline_start - started, 3),
                             "baseline_eval": round(loop_start - baseline_start, 3), **result.timings_s,
+                            "final_eval": round(text_only_start - final_start, 3),
                             "text_only_eval": round(time.time() - text_only_start, 3)}
-        _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
-                started, region_fit)
+        _export(params, plan, engine, spec, txt_meta, dist, result, baseline, final, text_only, final_val, schedule,
+                streams, started, region_fit)
 
 
 def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs):
@@ -356,9 +363,11 @@ def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[
     return out
 
 
-def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_only, val, schedule, streams,
+def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, final, text_only, val, schedule, streams,
             started, region_fit) -> None:
-    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
+    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped.
+
+    ``baseline``/``final``/``text_only``: metrics of the eval.json held-out batches ``val``."""
     import torch.distributed as tdist
 
     from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
@@ -383,7 +392,7 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, text_o
             "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
             if plan.first_phase_steps else None,
             "held_out": held_out,
-            "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(result.last_val, "val"),
+            "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(final, "val"),
             "pretrained_text_only": _by_task(text_only, "val_text_only"),
         }
         record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))

@@ -186,6 +186,9 @@ class PretrainConfig:
     log_every: int = bounded(5, 1, MAX_STEPS)
     val_every: int = bounded(50, 0, MAX_STEPS)  # 0: validate only at the end
     val_batches: int = bounded(4, 0, MAX_COUNT)  # held-out batches per task (the same batches in every run)
+    # held-out batches per task behind eval.json (before / after this stage); 0: every val example once.
+    # The val curves use val_batches; the margins the demo checks need the whole val set's precision
+    eval_batches: int = bounded(0, 0, MAX_COUNT)
     checkpoint_every: int = bounded(50, 0, MAX_STEPS)  # 0: only at the end
     keep_checkpoints: int = bounded(2, 1, 1000)
     world_size: int = bounded(1, 1, 4096)  # ranks on this node (GPUs, or CPU processes with gloo)

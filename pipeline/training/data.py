@@ -93,9 +93,9 @@ def train_streams(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, streams: Sequen
 
 
 def held_out_batches(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Sequence[str], *, seed: int,
-                     mask_prob: float, itm_neg_prob: float, batch_tokens: int, n_batches: int, rank: int,
+                     mask_prob: float, itm_neg_prob: float, batch_tokens: int, n_batches: int | None, rank: int,
                      world_size: int) -> dict[str, list[dict[str, Any]]]:
-    """This rank's share of ``n_batches`` fixed held-out batches per task.
+    """This rank's share of ``n_batches`` fixed held-out batches per task (None: every example once).
 
     The batches depend only on the val DBs, the seed and the budget, never on the run's masking
     scheme (always conditional) or world size: two runs (say conditional vs joint masking) are
@@ -107,6 +107,6 @@ def held_out_batches(txt_dbs: Sequence[Any], img_dbs: ImageDbGroup, tasks: Seque
                              mask_prob=mask_prob, itm_neg_prob=itm_neg_prob)
         sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=batch_tokens,
                                      seed=task_seed(seed + VAL_SEED_OFFSET, task))
-        chosen = sampler.global_batches(0)[:n_batches]
+        chosen = sampler.global_batches(0)[:n_batches]  # [:None]: all of them
         out[task] = [collate_pretrain([ds[i] for i in batch]) for batch in chosen[rank::world_size]]
     return out

@@ -77,14 +77,16 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     assert sum(streams.values()) == 16 and {s.split("/")[1] for s in streams} == {"coco", "vg"}
     assert set(run["counts"]["train_examples"]) == set(streams)
     phases = run["timings_s"]  # where the wall time went, phase by phase
-    assert set(phases) == {"startup", "baseline_eval", "train", "validation", "checkpoint", "text_only_eval",
-                           "export"} and min(phases.values()) >= 0 and phases["train"] > 0
+    assert set(phases) == {"startup", "baseline_eval", "train", "validation", "checkpoint", "final_eval",
+                           "text_only_eval", "export"} and min(phases.values()) >= 0 and phases["train"] > 0
 
     # the export loads strictly and reproduces the held-out metrics the stage measured at its last step
     plan = plan_stage(params, "pretrain")
     val_dbs, img_dbs = open_sources(plan.val_sources, plan.img_root)
     val = held_out_batches(val_dbs, img_dbs, plan.eval_tasks, seed=params.seed, mask_prob=0.15, itm_neg_prob=0.5,
-                           batch_tokens=400, n_batches=2, rank=0, world_size=1)
+                           batch_tokens=400, n_batches=None, rank=0, world_size=1)
+    # eval.json measures every val example (pretrain.eval_batches 0), not the 2 curve batches
+    assert report["held_out"]["itm"]["examples"] == sum(int(b["input_ids"].shape[0]) for b in val["itm"])
     vocab = json.loads((first_stage / "model_config.json").read_text())["uniter_config"]["vocab_size"]
     model, _ = model_from_export(first_stage, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                                  num_classes=img_dbs.num_classes)
