@@ -237,6 +237,7 @@ def uniter_pretraining():
     world >> detector >> features
     features >> merged >> dbs >> first >> second >> tuned >> [table, curves] >> done
     dbs >> ablation >> ablation_table >> done
+    ablation >> curves  # plots draws every run under metrics/: never half of them, whatever the order
     first >> ablation_table
 
 
