@@ -230,8 +230,9 @@ def write_stage_world(data: Path, *, coco_images: int = 240, vg_images: int = 80
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return load_params(ROOT / "params.yaml", [f"paths.data={data}", "ingest.datasets=[coco,vg,cc,sbu]"],
-                           check_paths=False)
+        # the pretraining datasets only, so no fine-tuning task (its scored splits could not be removed)
+        sets = [f"paths.data={data}", "ingest.datasets=[coco,vg,cc,sbu]", "finetune.tasks=[]"]
+        return load_params(ROOT / "params.yaml", sets, check_paths=False)
     finally:
         quiet.setLevel(level)
 
