@@ -118,15 +118,7 @@ def decode_image_entry(buf: bytes | memoryview, *, compressed: bool, db: Path, k
     buf = bytes(buf)
     if compressed:
         return _load_archive(buf, db, key)
-    try:
-        obj = msgpack.unpackb(buf, raw=False, object_hook=_msgpack_numpy_hook(db, key), strict_map_key=False)
-    except (ValueError, TypeError) as err:  # msgpack's format errors are ValueErrors
-        if isinstance(err, UnsafeEntryError):
-            raise
-        raise EntryFormatError("unreadable", f"{_where(db, key)} is not a msgpack map: {err}") from None
-    if not isinstance(obj, dict):
-        raise EntryFormatError("unreadable", f"{_where(db, key)} is a msgpack {type(obj).__name__}, expected a map")
-    return {k: v for k, v in obj.items() if k in IMAGE_FIELDS}
+    return {k: v for k, v in _unpack_map(buf, db, key).items() if k in IMAGE_FIELDS}
 
 
 def image_record(fields: dict[str, np.ndarray], nbb: int, *, db: Path, key: str) -> dict[str, Any]:
@@ -178,12 +170,17 @@ def decode_text_entry(buf: bytes | memoryview, *, db: Path, key: str) -> dict[st
         raw = lz4.frame.decompress(bytes(buf))
     except RuntimeError as err:  # python-lz4 raises RuntimeError for a corrupt frame
         raise EntryFormatError("unreadable", f"{_where(db, key)} is not an lz4 frame: {err}") from None
+    return _unpack_map(raw, db, key)
+
+
+def _unpack_map(raw: bytes, db: Path, key: str) -> dict:
+    """A msgpack map (msgpack-numpy arrays decoded without pickle) or EntryFormatError("unreadable")."""
     try:
         obj = msgpack.unpackb(raw, raw=False, object_hook=_msgpack_numpy_hook(db, key), strict_map_key=False)
     except (ValueError, TypeError) as err:  # msgpack's format errors are ValueErrors
         if isinstance(err, UnsafeEntryError):
             raise
-        raise EntryFormatError("unreadable", f"{_where(db, key)} does not hold a msgpack map: {err}") from None
+        raise EntryFormatError("unreadable", f"{_where(db, key)} is not a msgpack map: {err}") from None
     if not isinstance(obj, dict):
-        raise EntryFormatError("unreadable", f"{_where(db, key)} holds a msgpack {type(obj).__name__}, expected a map")
+        raise EntryFormatError("unreadable", f"{_where(db, key)} is a msgpack {type(obj).__name__}, expected a map")
     return obj
