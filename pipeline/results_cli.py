@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from rich import box
 from rich.console import Console
@@ -172,8 +172,7 @@ def dvc_exp_show() -> list[dict[str, Any]]:
 
 def show_results(args: argparse.Namespace, console: Console) -> int:
     if args.exps:
-        show = json.loads(Path(args.from_file).read_text()) if args.from_file else dvc_exp_show()
-        exps = experiments(show) + airflow_runs(Path(args.runs) if args.runs else runs_dir_of())
+        exps = experiments(load_show(args.from_file)) + airflow_runs(Path(args.runs) if args.runs else runs_dir_of())
         if not any(e["results"] for e in exps):
             raise ResultsError(f"no experiment has {RESULTS_METRICS} metrics yet: run `dvc exp run` (or `dvc repro`)")
         names, rows = side_by_side(exps)
@@ -204,12 +203,20 @@ def add_results_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", metavar="DIR", help="with --exps: Airflow runs folder, listed as run:<name> columns "
                                                  "(default: $UNITER_RUNS_DIR, else params.yaml's paths.runs)")
     p.add_argument("--dir", default="data", help="data directory holding reports/results.json (default: data)")
-    p.set_defaults(func=_guarded)
+    p.set_defaults(func=guarded(show_results))
 
 
-def _guarded(args: argparse.Namespace, console: Console) -> int:
-    try:
-        return show_results(args, console)
-    except ResultsError as err:
-        console.print(f"[red]error:[/red] {err}")
-        return 1
+def load_show(from_file: str | None) -> list[dict[str, Any]]:
+    """A saved `dvc exp show --json` (``from_file``), else a fresh one from this repository."""
+    return json.loads(Path(from_file).read_text()) if from_file else dvc_exp_show()
+
+
+def guarded(show: Callable[[argparse.Namespace, Console], int]) -> Callable[[argparse.Namespace, Console], int]:
+    """``show`` with a ResultsError printed as one error line and exit status 1 instead of a traceback."""
+    def run(args: argparse.Namespace, console: Console) -> int:
+        try:
+            return show(args, console)
+        except ResultsError as err:
+            console.print(f"[red]error:[/red] {err}")
+            return 1
+    return run

@@ -15,7 +15,6 @@ mix a seed's spread with a change of recipe, so other differing params are refus
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,7 +23,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.results_cli import LOCATION_KEYS, ResultsError, dvc_exp_show, experiments
+from pipeline.results_cli import LOCATION_KEYS, ResultsError, experiments, guarded, load_show
 
 SEED_KEY = "finetune.seed"
 DEFAULT_PREFIX = "ft-seed"  # the experiment names `make seeds` gives
@@ -77,8 +76,7 @@ def spread_markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
 
 
 def show_spread(args: argparse.Namespace, console: Console) -> int:
-    show = dvc_exp_show() if args.from_file is None else json.loads(Path(args.from_file).read_text())
-    exps = [e for e in experiments(show) if e["results"]]
+    exps = [e for e in experiments(load_show(args.from_file)) if e["results"]]
     chosen = [e for e in exps if e["name"] in args.exps] if args.exps else \
         [e for e in exps if e["name"].startswith(DEFAULT_PREFIX)]
     missing = sorted(set(args.exps or ()) - {e["name"] for e in chosen})
@@ -107,12 +105,4 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exps", nargs="+", metavar="NAME", help=f"experiment names (default: every {DEFAULT_PREFIX}*)")
     p.add_argument("--from", dest="from_file", metavar="JSON", help="a saved `dvc exp show --json`")
     p.add_argument("--md", metavar="PATH", help="also write the table as Markdown")
-    p.set_defaults(func=_guarded)
-
-
-def _guarded(args: argparse.Namespace, console: Console) -> int:
-    try:
-        return show_spread(args, console)
-    except ResultsError as err:
-        console.print(f"[red]error:[/red] {err}")
-        return 1
+    p.set_defaults(func=guarded(show_spread))
