@@ -32,7 +32,7 @@ import yaml
 
 from pipeline.configs import MAX_SEED, Range, must_exist, range_problems  # noqa: F401  (must_exist re-exported)
 from pipeline.configs.dbs import BuildDbsConfig
-from pipeline.configs.decontaminate import DecontaminateConfig, eval_split_origins
+from pipeline.configs.decontaminate import DecontaminateConfig, effective_eval_splits, eval_split_origins
 from pipeline.configs.extract import ExtractConfig
 from pipeline.configs.finetune import TASK_SPLITS, FinetuneConfig
 from pipeline.configs.ingest import IngestConfig
@@ -110,7 +110,8 @@ class Params:
 
     def eval_splits(self) -> dict[str, tuple[str, ...]]:
         """``{dataset: splits}`` decontamination removes: ``decontaminate.eval_splits`` + every scored split."""
-        return {d: tuple(s) for d, s in self.eval_split_origins().items()}
+        dec = self.decontaminate
+        return effective_eval_splits(dec.eval_splits, self.finetune.tasks, dec.keep_dev_in_pretraining)
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form of these params (for ``_run.json``)."""
