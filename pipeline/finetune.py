@@ -186,8 +186,7 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
                         seed=finetune_seed(params))
         for init in inits}
     record = metrics_record(setup.task, outcomes, setup.task.chance())
-    write_outputs(params, setup.task, setup.config, setup.img_dim, setup.meta, setup.init_dir, outcomes, record,
-                  setup.work_root, started, precision=precision)
+    write_outputs(params, setup, TaskResult(outcomes=outcomes, record=record, started=started, precision=precision))
     remove_owned(setup.work_root)
     for parent in (setup.work_root.parent, setup.work_root.parent.parent):  # checkpoints/finetune, checkpoints
         with contextlib.suppress(OSError):  # not empty (another stage's run), or already gone
@@ -260,30 +259,41 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
     return record
 
 
-def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_dim: int, meta: dict[str, Any],
-                  init_dir: Path, outcomes: dict[str, RunOutcome], record: dict[str, Any], work_root: Path,
-                  started: float, *, precision: str) -> None:
+@dataclasses.dataclass
+class TaskResult:
+    """One task's trained starts and what is written of them."""
+
+    outcomes: dict[str, RunOutcome]  # init ("pretrained", "scratch") -> its run
+    record: dict[str, Any]  # data/metrics/<task>.json (metrics_record)
+    started: float  # wall-clock start of the task, for the stage's wall time
+    precision: str
+
+
+def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
+    """``data/models/<task>/``, ``data/metrics/<task>.json`` and the dvclive curves of each start."""
     from pipeline.training.checkpointing import save_safetensors
 
+    task, outcomes, record = setup.task, result.outcomes, result.record
     data, name = Path(params.paths.data), task.name
     pretrained = outcomes["pretrained"]
     run = RunRecord(f"finetune@{name}", task_digest(params, name))
     for db_name in task.text_dbs():
         run.inputs[db_name] = task.ctx.txt_root / db_name
-    run.inputs["init"] = init_dir / MODEL_FILE
+    run.inputs["init"] = setup.init_dir / MODEL_FILE
     run.counts = {"steps": task.ctx.task_cfg.steps,
                   "train_examples": {s: len(task.train_dataset(s)) for s in task.streams},
                   "resumed_from_step": {i: o.resumed_from_step for i, o in outcomes.items()},
                   "parameters": sum(v.numel() for v in pretrained.state.values())}
     run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
-    run.extra["stage_wall_s"] = round(time.time() - started, 3)
-    run.extra["precision"] = precision
+    run.extra["stage_wall_s"] = round(time.time() - result.started, 3)
+    run.extra["precision"] = result.precision
     out_dir = data / "models" / name
     with atomic_dir(out_dir, stage=f"finetune@{name}") as tmp:
         save_safetensors(pretrained.state, tmp / MODEL_FILE)
         atomic_write_json(tmp / CONFIG_FILE, {
-            "task": name, "uniter_config": dataclasses.asdict(config), "img_dim": img_dim,
-            "task_info": task.model_info(), "init": str(init_dir), "tokenizer": meta.get("tokenizer", {})})
+            "task": name, "uniter_config": dataclasses.asdict(setup.config), "img_dim": setup.img_dim,
+            "task_info": task.model_info(), "init": str(setup.init_dir),
+            "tokenizer": setup.meta.get("tokenizer", {})})
         last_train = {i: {k: v for k, v in o.last_train.items() if not k.endswith("tokens_per_s")}
                       for i, o in outcomes.items()}  # throughput is a timing, not a result
         atomic_write_json(tmp / "eval.json", {**record, "last_train": last_train})
@@ -292,7 +302,7 @@ def write_outputs(params: Params, task: FinetuneTask, config: UniterConfig, img_
         run.write(tmp)
     # dvclive curves (with throughput, so not byte-stable) live beside the metrics file, as pretraining's do
     for init in outcomes:
-        live, dest = work_root / init / "live", data / "metrics" / name / init
+        live, dest = setup.work_root / init / "live", data / "metrics" / name / init
         if live.is_dir():
             remove_owned(dest)  # the live dir's marker comes along: the copy is the stage's own
             shutil.copytree(live, dest)

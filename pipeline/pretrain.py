@@ -37,7 +37,10 @@ from pipeline.configs.pretrain import output_name
 from pipeline.ownership import preflight, remove_owned
 from pipeline.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
 from pipeline.training.checkpointing import db_fingerprint
-from pipeline.training.launch import DistInfo, in_launched_worker, launch_workers, process_group
+from pipeline.training.launch import in_launched_worker, launch_workers, process_group
+from pipeline.training.loop import LoopResult
+from pipeline.training.task_mix import TaskSchedule
+from pipeline.training.trainer import RunSettings, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -227,27 +230,54 @@ def _by_task(metrics: Mapping[str, float], prefix: str) -> dict[str, dict[str, f
     return {t: dict(sorted(m.items())) for t, m in sorted(out.items())}
 
 
-def _baseline(engine, val, prepare, plan: StagePlan, dist: DistInfo, resume: int | None) -> dict[str, float]:
+def _baseline(trainer: Trainer, engine, val, plan: StagePlan) -> dict[str, float]:
     """Held-out metrics of the model before this stage trained it (computed once, kept with the checkpoints)."""
     from pipeline.training.metrics import evaluate
 
     path = plan.ckpt_dir / BASELINE_FILE
-    if resume is not None and path.exists():
+    if trainer.resume_step is not None and path.exists():
         return json.loads(path.read_text())
-    metrics = evaluate(engine, val, prepare=prepare, module=engine.module)
-    if dist.is_main:
+    metrics = evaluate(engine, val, prepare=trainer.prepare, module=engine.module)
+    if trainer.dist.is_main:
         atomic_write_json(path, metrics)
     return metrics
 
 
+@dataclass
+class Trained:
+    """What one rank's run of a pretraining stage produced, for :func:`_export`."""
+
+    engine: Any
+    spec: Any  # model_io.ModelSpec: the export's model_config.json
+    txt_meta: Mapping[str, Any]  # the first training text DB's meta (tokenizer, vocabulary)
+    loop: LoopResult
+    baseline: dict[str, float]  # eval.json's held-out metrics before training ...
+    final: dict[str, float]  # ... after it ...
+    text_only: dict[str, float]  # ... and after it with the image masked out (MLM)
+    held_out: dict[str, list[dict[str, Any]]]  # the held-out batches those metrics are over
+    schedule: TaskSchedule
+    streams: Mapping[str, Any]
+    region_fit: Any  # the region projection's fit report (None: not fitted here)
+
+
+def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]) -> RunSettings:
+    """The harness's settings for one pretraining stage."""
+    cfg = params.pretrain
+    logged = _flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
+                        "stage": {"name": plan.stage, "masking": plan.masking}}, {})
+    return RunSettings(stage=plan.stage, desc=plan.stage, ckpt_dir=plan.ckpt_dir, metrics_dir=plan.metrics_dir,
+                       fingerprint=fingerprint, logged_params=logged, steps=plan.steps, lr=plan.lr,
+                       warmup_steps=plan.warmup_steps, grad_clip=plan.grad_clip, betas=tuple(cfg.optim.betas),
+                       weight_decay=cfg.optim.weight_decay, zero_stage=cfg.zero_stage,
+                       keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
+                       checkpoint_every=cfg.checkpoint_every, grad_accum=cfg.optim.grad_accum,
+                       deepspeed=cfg.deepspeed)
+
+
 def train_rank(params: Params, plan: StagePlan) -> None:
     """Train this rank (one of ``world_size``); rank 0 writes the metrics and the outputs."""
-    from pipeline.training.checkpointing import Checkpointer
     from pipeline.training.data import held_out_batches, open_sources, train_streams
-    from pipeline.training.engine import EngineSettings, cast_batch, initialize, resolve_device, resolve_precision
-    from pipeline.training.loop import LoopSettings, train
-    from pipeline.training.metrics import MetricsLogger, evaluate
-    from pipeline.training.task_mix import TaskSchedule
+    from pipeline.training.engine import resolve_device, resolve_precision
 
     cfg, started = params.pretrain, time.time()
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -257,7 +287,6 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         precision = resolve_precision(cfg.precision, device)
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
-        txt_meta = train_dbs[0].meta
         model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
                                 first_phase_steps=plan.first_phase_steps, dataset_ratio=plan.dataset_ratio)
@@ -271,52 +300,40 @@ def train_rank(params: Params, plan: StagePlan) -> None:
 
         val = held_out(cfg.val_batches)  # the val curves
         final_val = held_out(cfg.eval_batches or None) if cfg.val_batches else {}  # eval.json
-        torch.manual_seed(params.seed * 1000 + dist.rank)  # this rank's dropout stream
-        settings = EngineSettings(device=device, precision=precision, world_size=dist.world_size,
-                                  zero_stage=cfg.zero_stage, grad_accum=cfg.optim.grad_accum,
-                                  grad_clip=plan.grad_clip, lr=plan.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay, warmup_steps=plan.warmup_steps,
-                                  total_steps=plan.steps, extra=cfg.deepspeed)
-        engine = initialize(model, settings)
-        ckpt = Checkpointer(plan.ckpt_dir, stage=plan.stage, keep=cfg.keep_checkpoints, dist=dist,
-                            fingerprint=_fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs)))
-        resume = ckpt.prepare()
-
-        def prepare(batch: dict[str, Any]) -> dict[str, Any]:
-            return cast_batch(batch, device, precision)
-
+        trainer = Trainer(run_settings(params, plan, _fingerprint(params, plan, dist.world_size, sorted(img_dbs.dbs))),
+                          dist=dist, device=device, precision=precision)
+        engine = trainer.build_engine(model, dropout_seed=params.seed * 1000 + dist.rank)
         baseline_start = time.time()
-        baseline = _baseline(engine, final_val, prepare, plan, dist, resume) if cfg.val_batches else {}
+        baseline = _baseline(trainer, engine, final_val, plan) if cfg.val_batches else {}
         loop_start = time.time()
-        logger = MetricsLogger(plan.metrics_dir, stage=plan.stage, enabled=dist.is_main, resume_step=resume,
-                               params=_flat("", {"model": to_dict(params.model), "pretrain": to_dict(cfg),
-                                                 "stage": {"name": plan.stage, "masking": plan.masking}}, {}))
-        try:
-            result = train(engine, schedule=schedule, streams=streams, checkpointer=ckpt, logger=logger,
-                           val_batches=val if cfg.val_batches else {}, dist=dist, resume_step=resume,
-                           settings=LoopSettings(total_steps=plan.steps, grad_accum=cfg.optim.grad_accum,
-                                                 log_every=cfg.log_every, val_every=cfg.val_every,
-                                                 checkpoint_every=cfg.checkpoint_every, device=device,
-                                                 precision=precision, desc=plan.stage))
-        finally:
-            logger.close()
-        final_start = time.time()
-        final = evaluate(engine, final_val, prepare=prepare, module=engine.module) if final_val else {}
-        text_only_start = time.time()
-        text_only = {}
-        if "mlm" in final_val:  # the same decision on every rank: evaluate is a collective
-            def without_image(batch: dict[str, Any]) -> dict[str, Any]:
-                return prepare({**batch, "img_mask": torch.zeros_like(batch["img_mask"])})
-
-            text_only = evaluate(engine, {"mlm": final_val["mlm"]}, prepare=without_image, module=engine.module,
-                                 prefix="val_text_only")
+        loop = trainer.fit(engine, schedule=schedule, streams=streams, val_batches=val if cfg.val_batches else {})
+        final, text_only, eval_timings = _final_eval(trainer, engine, final_val)
         # _run.json's wall-time split; the loop timed its own phases, "export" is added by _export
-        result.timings_s = {"startup": round(baseline_start - started, 3),
-                            "baseline_eval": round(loop_start - baseline_start, 3), **result.timings_s,
-                            "final_eval": round(text_only_start - final_start, 3),
-                            "text_only_eval": round(time.time() - text_only_start, 3)}
-        _export(params, plan, engine, spec, txt_meta, dist, result, baseline, final, text_only, final_val, schedule,
-                streams, started, region_fit)
+        loop.timings_s = {"startup": round(baseline_start - started, 3),
+                          "baseline_eval": round(loop_start - baseline_start, 3), **loop.timings_s, **eval_timings}
+        _export(params, plan, trainer, Trained(engine=engine, spec=spec, txt_meta=train_dbs[0].meta, loop=loop,
+                                               baseline=baseline, final=final, text_only=text_only,
+                                               held_out=final_val, schedule=schedule, streams=streams,
+                                               region_fit=region_fit), started)
+
+
+def _final_eval(trainer: Trainer, engine, val: Mapping[str, list[dict[str, Any]]]):
+    """eval.json's metrics of the trained model on ``val``: as it is, and (MLM) with the image
+    masked out; returns both and their wall times."""
+    from pipeline.training.metrics import evaluate
+
+    final_start = time.time()
+    final = evaluate(engine, val, prepare=trainer.prepare, module=engine.module) if val else {}
+    text_only_start = time.time()
+    text_only = {}
+    if "mlm" in val:  # the same decision on every rank: evaluate is a collective
+        def without_image(batch: dict[str, Any]) -> dict[str, Any]:
+            return trainer.prepare({**batch, "img_mask": torch.zeros_like(batch["img_mask"])})
+
+        text_only = evaluate(engine, {"mlm": val["mlm"]}, prepare=without_image, module=engine.module,
+                             prefix="val_text_only")
+    return final, text_only, {"final_eval": round(text_only_start - final_start, 3),
+                              "text_only_eval": round(time.time() - text_only_start, 3)}
 
 
 def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs):
@@ -363,56 +380,70 @@ def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[
     return out
 
 
-def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, final, text_only, val, schedule, streams,
-            started, region_fit) -> None:
-    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped.
+def _eval_report(params: Params, plan: StagePlan, run: Trained, held_out: Mapping[str, Any],
+                 world_size: int) -> dict[str, Any]:
+    """eval.json: what the stage trained on and its held-out metrics before and after training."""
+    from pipeline.training.engine import resolve_precision
 
-    ``baseline``/``final``/``text_only``: metrics of the eval.json held-out batches ``val``."""
+    cfg = params.pretrain
+    return {
+        "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
+        "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
+        "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": world_size,
+        "recipe": cfg.recipe, "recipe_overrides": recipe_departures(params),
+        "dataset_ratio": dict(sorted(plan.dataset_ratio.items())) if plan.dataset_ratio else "size",
+        "precision": resolve_precision(cfg.precision, run.engine.device),
+        "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
+        if plan.first_phase_steps else None,
+        "held_out": held_out,
+        "no_pretraining": _by_task(run.baseline, "val"), "pretrained": _by_task(run.final, "val"),
+        "pretrained_text_only": _by_task(run.text_only, "val_text_only"),
+    }
+
+
+def _run_record(params: Params, plan: StagePlan, run: Trained, digests: list[Any], world_size: int) -> RunRecord:
+    """_run.json: inputs, step counts (per task and stream, every rank's task digest) and sizes."""
+    from pipeline.training.model_io import MODEL_FILE
+
+    record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
+    for s in plan.train_sources + plan.val_sources:
+        record.inputs[s.path.name] = s.path
+    if plan.init_from is not None:
+        record.inputs["init"] = plan.init_from / MODEL_FILE
+    record.counts = {"steps": plan.steps, "resumed_from_step": run.loop.start_step,
+                     "task_steps": run.schedule.counts(plan.steps),
+                     "stream_steps": run.schedule.stream_counts(plan.steps), "world_size": world_size,
+                     "task_sequence_sha256_by_rank": digests,
+                     "train_examples": {t: len(s.dataset) for t, s in run.streams.items()},
+                     "parameters": sum(p.numel() for p in run.engine.module.parameters()),
+                     "region_init": (run.region_fit or params.model.region_init) if plan.init_from is None else None}
+    record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
+    return record
+
+
+def _export(params: Params, plan: StagePlan, trainer: Trainer, run: Trained, started: float) -> None:
+    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
     import torch.distributed as tdist
 
-    from pipeline.training.checkpointing import consolidated_state_dict, save_safetensors
-    from pipeline.training.engine import resolve_precision
+    from pipeline.training.checkpointing import save_safetensors
     from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
 
-    cfg, export_start = params.pretrain, time.time()
+    dist, export_start = trainer.dist, time.time()
     digests: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(digests, result.task_digest)  # every rank must have run the same tasks
+    tdist.all_gather_object(digests, run.loop.task_digest)  # every rank must have run the same tasks
     shares: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(shares, _held_out_counts(val))
+    tdist.all_gather_object(shares, _held_out_counts(run.held_out))
     if dist.is_main:
-        state = consolidated_state_dict(engine, plan.ckpt_dir, plan.steps, cfg.zero_stage)
+        state = trainer.final_state(run.engine)
         held_out = {t: {k: sum(share[t][k] for share in shares) for k in shares[0][t]} for t in shares[0]}
-        report = {
-            "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
-            "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
-            "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": dist.world_size,
-            "recipe": cfg.recipe, "recipe_overrides": recipe_departures(params),
-            "dataset_ratio": dict(sorted(plan.dataset_ratio.items())) if plan.dataset_ratio else "size",
-            "precision": resolve_precision(cfg.precision, engine.device),
-            "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
-            if plan.first_phase_steps else None,
-            "held_out": held_out,
-            "no_pretraining": _by_task(baseline, "val"), "pretrained": _by_task(final, "val"),
-            "pretrained_text_only": _by_task(text_only, "val_text_only"),
-        }
-        record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
-        for s in plan.train_sources + plan.val_sources:
-            record.inputs[s.path.name] = s.path
-        if plan.init_from is not None:
-            record.inputs["init"] = plan.init_from / MODEL_FILE
-        record.counts = {"steps": plan.steps, "resumed_from_step": result.start_step,
-                         "task_steps": schedule.counts(plan.steps), "stream_steps": schedule.stream_counts(plan.steps),
-                         "world_size": dist.world_size,
-                         "task_sequence_sha256_by_rank": digests,
-                         "train_examples": {t: len(s.dataset) for t, s in streams.items()},
-                         "parameters": sum(p.numel() for p in engine.module.parameters()),
-                         "region_init": (region_fit or params.model.region_init) if plan.init_from is None else None}
-        record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
+        report = _eval_report(params, plan, run, held_out, dist.world_size)
+        record = _run_record(params, plan, run, digests, dist.world_size)
         with atomic_dir(plan.out_dir, stage=plan.stage) as tmp:
             save_safetensors(state, tmp / MODEL_FILE)
-            atomic_write_json(tmp / CONFIG_FILE, model_json(spec, txt_meta, stage=plan.stage, steps=plan.steps))
+            atomic_write_json(tmp / CONFIG_FILE, model_json(run.spec, run.txt_meta, stage=plan.stage,
+                                                            steps=plan.steps))
             atomic_write_json(tmp / "eval.json", report)
-            record.extra["timings_s"] = {**result.timings_s, "export": round(time.time() - export_start, 3)}
+            record.extra["timings_s"] = {**run.loop.timings_s, "export": round(time.time() - export_start, 3)}
             record.write(tmp)
     tdist.barrier()
     if dist.is_main:
@@ -420,4 +451,5 @@ def _export(params, plan, engine, spec, txt_meta, dist, result, baseline, final,
         final = report["pretrained"]
         summary = ", ".join(f"{t} {k}={v:.3f}" for t, m in final.items() for k, v in m.items() if k.endswith("acc"))
         log.info("%s: %d steps on %d rank(s) in %.0fs (resumed from step %d); held-out %s -> %s", plan.stage,
-                 plan.steps, dist.world_size, time.time() - started, result.start_step, summary or "-", plan.out_dir)
+                 plan.steps, dist.world_size, time.time() - started, run.loop.start_step, summary or "-",
+                 plan.out_dir)

@@ -24,7 +24,9 @@ from model.config import UniterConfig
 from pipeline.runinfo import atomic_dir, atomic_write_json, file_digest
 from pipeline.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.tasks.data import fixed_batches, mix_seed
+from pipeline.training.engine import Precision
 from pipeline.training.launch import DistInfo
+from pipeline.training.trainer import RunSettings, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -118,23 +120,40 @@ def _load_result(work_dir: Path, init: Init) -> RunOutcome:
                       state=load_file(str(work_dir / RESULT_DIR / MODEL_FILE)))
 
 
-def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torch.device, precision: str,
+def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
+    """The harness's settings for one start of one task (``finetune`` and ``finetune.per_task.<task>``)."""
+    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
+    return RunSettings(stage=f"finetune@{task.name}", desc=f"{task.name} ({plan.init})", ckpt_dir=plan.work_dir,
+                       metrics_dir=plan.work_dir / "live", fingerprint=plan.fingerprint,
+                       logged_params={"task": task.name, "init": plan.init, "steps": tcfg.steps, "lr": tcfg.lr,
+                                      "batch_tokens": tcfg.batch_tokens},
+                       steps=tcfg.steps, lr=tcfg.lr, warmup_steps=tcfg.warmup_steps, grad_clip=cfg.grad_clip,
+                       betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, zero_stage=cfg.zero_stage,
+                       keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
+                       checkpoint_every=cfg.checkpoint_every)
+
+
+def _held_out(task: FinetuneTask, *, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """The validation curves' fixed batches per stream (streams without held-out data left out)."""
+    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
+    if not cfg.val_batches:
+        return {}
+    val = {s: fixed_batches(task.held_out_dataset(s), task.collate, batch_tokens=tcfg.batch_tokens,
+                            n_batches=cfg.val_batches, seed=mix_seed(seed, 0x7A1, k))
+           for k, s in enumerate(task.streams)}
+    return {s: b for s, b in val.items() if b}
+
+
+def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torch.device, precision: Precision,
               seed: int) -> RunOutcome:
     """Train ``task`` from ``plan``'s start for ``task_cfg.steps`` steps, evaluate, keep the result.
 
     Returns the outcome (also stored in ``<work_dir>/result/``; a later call returns it without
     training again). Resumes from the newest complete checkpoint of the same fingerprint.
     """
-    from pipeline.training.checkpointing import Checkpointer, consolidated_state_dict, save_safetensors
-    from pipeline.training.engine import EngineSettings, initialize
-    from pipeline.training.loop import LoopSettings, train
-    from pipeline.training.metrics import MetricsLogger
     from pipeline.training.task_mix import TaskSchedule
 
-    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
-    ckpt = Checkpointer(plan.work_dir, stage=f"finetune@{task.name}", fingerprint=plan.fingerprint,
-                        keep=cfg.keep_checkpoints, dist=dist)
-    resume = ckpt.prepare()
+    trainer = Trainer(run_settings(task, plan), dist=dist, device=device, precision=precision)
     if (plan.work_dir / RESULT_DIR / RESULT_FILE).exists():
         log.info("%s (%s start): already trained and evaluated in %s", task.name, plan.init, plan.work_dir)
         return _load_result(plan.work_dir, plan.init)
@@ -146,32 +165,14 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
         zero_shot = _zero_shot(task, model, plan.work_dir, device)
         timings["zero_shot_eval"] = round(time.perf_counter() - started, 3)
 
-    streams = _streams(task, batch_tokens=tcfg.batch_tokens, seed=seed)
-    val = {s: fixed_batches(task.held_out_dataset(s), task.collate, batch_tokens=tcfg.batch_tokens,
-                            n_batches=cfg.val_batches, seed=mix_seed(seed, 0x7A1, k))
-           for k, s in enumerate(task.streams)} if cfg.val_batches else {}
-    val = {s: b for s, b in val.items() if b}
-    torch.manual_seed(mix_seed(seed, 0xD20, dist.rank))  # the dropout stream
-    settings = EngineSettings(device=device, precision=precision, world_size=dist.world_size,  # type: ignore[arg-type]
-                              zero_stage=cfg.zero_stage, grad_accum=1, grad_clip=cfg.grad_clip, lr=tcfg.lr,
-                              betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                              warmup_steps=tcfg.warmup_steps, total_steps=tcfg.steps)
-    engine = initialize(FinetuneModule(task, model), settings)
-    logger = MetricsLogger(plan.work_dir / "live", stage=f"finetune@{task.name}", enabled=dist.is_main,
-                           resume_step=resume, params={"task": task.name, "init": plan.init, "steps": tcfg.steps, "lr": tcfg.lr,
-                                   "batch_tokens": tcfg.batch_tokens})
+    streams = _streams(task, batch_tokens=task.ctx.task_cfg.batch_tokens, seed=seed)
+    val = _held_out(task, seed=seed)
+    engine = trainer.build_engine(FinetuneModule(task, model), dropout_seed=mix_seed(seed, 0xD20, dist.rank))
     train_start = time.perf_counter()
-    try:
-        result = train(engine, schedule=TaskSchedule({s: 1.0 for s in task.streams}, seed=seed), streams=streams,
-                       checkpointer=ckpt, logger=logger, val_batches=val, dist=dist, resume_step=resume,
-                       settings=LoopSettings(total_steps=tcfg.steps, grad_accum=1, log_every=cfg.log_every,
-                                             val_every=cfg.val_every, checkpoint_every=cfg.checkpoint_every,
-                                             device=device, precision=precision,  # type: ignore[arg-type]
-                                             desc=f"{task.name} ({plan.init})"))
-    finally:
-        logger.close()
+    result = trainer.fit(engine, schedule=TaskSchedule({s: 1.0 for s in task.streams}, seed=seed), streams=streams,
+                         val_batches=val)
     timings["train"] = round(time.perf_counter() - train_start, 3)
-    full = consolidated_state_dict(engine, plan.work_dir, tcfg.steps, cfg.zero_stage)
+    full = trainer.final_state(engine)
     state = {k[len(PREFIX):]: v for k, v in full.items() if k.startswith(PREFIX)}
     del engine
 
@@ -182,17 +183,26 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     outcome = task.evaluate(evaluated.to(device), device, artifacts=plan.init == "pretrained")
     timings["eval"] = round(time.perf_counter() - eval_start, 3)
     timings["total"] = round(time.perf_counter() - started, 3)
-    record = {"metrics": outcome.metrics, "zero_shot": zero_shot, "artifacts": outcome.artifacts,
-              "last_train": result.last_train, "resumed_from_step": result.start_step, "timings_s": timings}
+    run = RunOutcome(init=plan.init, metrics=outcome.metrics, zero_shot=zero_shot, artifacts=outcome.artifacts,
+                     last_train=result.last_train, resumed_from_step=result.start_step, timings_s=timings,
+                     state=state)
     if dist.is_main:
-        with atomic_dir(plan.work_dir / RESULT_DIR, stage=f"finetune@{task.name}") as tmp:
-            save_safetensors(state, tmp / MODEL_FILE)
-            atomic_write_json(tmp / RESULT_FILE, record)
+        _store_result(plan.work_dir, run, stage=f"finetune@{task.name}")
     log.info("%s (%s start): %d steps in %.0fs (resumed from step %d), eval %.0fs: %s", task.name, plan.init,
-             tcfg.steps, timings["train"], result.start_step, timings["eval"], _headline(task, outcome.metrics))
-    return RunOutcome(init=plan.init, metrics=outcome.metrics, zero_shot=zero_shot, artifacts=outcome.artifacts,
-                      last_train=result.last_train, resumed_from_step=result.start_step, timings_s=timings,
-                      state=state)
+             task.ctx.task_cfg.steps, timings["train"], result.start_step, timings["eval"],
+             _headline(task, outcome.metrics))
+    return run
+
+
+def _store_result(work_dir: Path, run: RunOutcome, *, stage: str) -> None:
+    """``<work_dir>/result/``: the run's weights and record, read back by :func:`_load_result`."""
+    from pipeline.training.checkpointing import save_safetensors
+
+    record = {"metrics": run.metrics, "zero_shot": run.zero_shot, "artifacts": run.artifacts,
+              "last_train": run.last_train, "resumed_from_step": run.resumed_from_step, "timings_s": run.timings_s}
+    with atomic_dir(work_dir / RESULT_DIR, stage=stage) as tmp:
+        save_safetensors(run.state, tmp / MODEL_FILE)
+        atomic_write_json(tmp / RESULT_FILE, record)
 
 
 def _zero_shot(task: FinetuneTask, model: torch.nn.Module, work_dir: Path, device: torch.device) -> dict:
