@@ -2,7 +2,7 @@
 
 Measures, in one run and on the same data, rows/s of
 
-- ours: ``pipeline.decontaminate.decontaminate_dataset`` (Arrow kernels for URL keys with a scalar
+- ours: ``pipeline.decontam.decontaminate.decontaminate_dataset`` (Arrow kernels for URL keys with a scalar
   fallback for unusual URLs, hash-set lookups, per-image removal, the clean table and the report),
   with pHash search off (no images here);
 - baseline: a straightforward pandas version: ``Series.apply(canonical_url)`` and
@@ -163,8 +163,8 @@ def _cpu_s() -> float:
 
 
 def run_ours(paths: dict, out: mp.Queue) -> None:
-    from pipeline.decontaminate import decontaminate_dataset
-    from pipeline.eval_set import EvalIndex
+    from pipeline.decontam.decontaminate import decontaminate_dataset
+    from pipeline.decontam.eval_set import EvalIndex
 
     rows, evals = pq.read_table(paths["rows"]), pq.read_table(paths["eval"])
     empty_rejects = pa.table({"reason": pa.array([], pa.string())})
@@ -182,7 +182,7 @@ def run_baseline(paths: dict, out: mp.Queue) -> None:
     """The obvious pandas way: per-row apply of the scalar functions, then merges."""
     import pandas as pd
 
-    from pipeline.urls import canonical_url, flickr_photo_id
+    from pipeline.decontam.urls import canonical_url, flickr_photo_id
 
     rows, evals = pq.read_table(paths["rows"]).to_pandas(), pq.read_table(paths["eval"]).to_pandas()
     c0, t0 = _cpu_s(), time.perf_counter()
@@ -217,8 +217,8 @@ def in_process(target, paths: dict) -> dict:
 
 
 def check_vectorized_equals_scalar(urls: pa.Array, sample: int, seed: int) -> int:
-    from pipeline.url_vec import url_keys
-    from pipeline.urls import canonical_url, flickr_photo_id_from_url
+    from pipeline.decontam.url_vec import url_keys
+    from pipeline.decontam.urls import canonical_url, flickr_photo_id_from_url
 
     idx = np.random.default_rng(seed).choice(len(urls), size=min(sample, len(urls)), replace=False)
     picked = urls.take(pa.array(np.sort(idx))).to_pylist()

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as pipeline.detector sets it (before torch loads)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as pipeline.extract.detector sets it (before torch loads)
 
 
 def render_images(n: int, height: int, width: int, seed: int = 0):
@@ -60,8 +60,8 @@ def make_detector(preset: str, device: str, size: int):
     """The detector to time (see module doc) on ``device``."""
     import torch
 
-    from pipeline.detector.build import Detector, build_model, calibrate_norms, load_detector
-    from pipeline.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.build import Detector, build_model, calibrate_norms, load_detector
+    from pipeline.extract.detector.extractor import RegionExtractor
 
     trained = REPO / "data" / "models" / "detector" / "model_final.pth"
     if preset == "mini" and trained.is_file():
@@ -92,7 +92,7 @@ def time_config(preset: str, device: str, height: int, width: int, n: int, batch
     """images/s of one configuration after one warm-up batch, and its peak memory (MB)."""
     import torch
 
-    from pipeline.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.extractor import RegionExtractor
 
     if device == "cpu":
         torch.set_num_threads(threads)
@@ -117,12 +117,12 @@ def time_config(preset: str, device: str, height: int, width: int, n: int, batch
 
 
 def decode_rate(height: int, width: int, n: int = 20) -> float:
-    """JPEG decode images/s (pipeline.image_io, one thread) at this size."""
+    """JPEG decode images/s (pipeline.ingest.image_io, one thread) at this size."""
     import tempfile
 
     from PIL import Image
 
-    from pipeline.image_io import decode_image
+    from pipeline.ingest.image_io import decode_image
 
     images = render_images(n, height, width, seed=5)
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@
 Sections (each with a time budget for its timed loop, so the whole run stays within ~8 minutes;
 setup, the warm-up and the FLOP count come on top):
 
-1. extraction: the BUTD R101-C4 detector (``pipeline.detector`` preset ``butd_r101``, random
+1. extraction: the BUTD R101-C4 detector (``pipeline.extract.detector`` preset ``butd_r101``, random
    weights calibrated as in bench/extract.py) on rendered 600x1000 images, bf16 autocast, batched;
    images/s after a warm-up batch.
 2. pretrain: ``base`` ``UniterForPretraining`` through the stage's engine
@@ -43,7 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see pipeline.detector)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see pipeline.extract.detector)
 
 PRETRAIN_CYCLE = ("mlm", "mrfr", "mrc_kl", "itm")  # bench/pretrain.py's default task cycle
 GOALS = {"extraction_images_per_s": 20.0, "pretrain_mfu": 0.40}
@@ -152,7 +152,7 @@ def extraction(plan: Plan, device, precision: str) -> dict:
     import torch
 
     from bench.extract import make_detector, render_images
-    from pipeline.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.extractor import RegionExtractor
 
     h, w = plan.image_hw
     detector, weights = make_detector(plan.detector, device.type, min(h, w))
@@ -232,8 +232,8 @@ def finetune(plan: Plan, device, precision: str, zero_stage: int) -> dict:
     from bench.pretrain import EngineLoop
     from model.config import UniterConfig
     from model.tasks import UniterForVqa
-    from pipeline.tasks.base import FinetuneModule
-    from pipeline.tasks.vqa import VqaTask
+    from pipeline.finetune.tasks.base import FinetuneModule
+    from pipeline.finetune.tasks.vqa import VqaTask
     from pipeline.training.engine import cast_batch
 
     cfg = UniterConfig.from_preset(plan.preset, dropout=0.1)

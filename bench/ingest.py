@@ -9,7 +9,7 @@ captions) and img2dataset shard tables for its URLs (10,000 per shard, every 97t
 download; no image files), then runs, each in its own subprocess so peak memory (ru_maxrss) is
 measured apart:
 
-- ours:   ``pipeline.ingest.ingest_dataset(params, "cc")`` with ``check_images`` off, once per
+- ours:   ``pipeline.ingest.ingest.ingest_dataset(params, "cc")`` with ``check_images`` off, once per
           ``sources.cc.image_layout`` (sha1: paths from the URL hash; img2dataset: each batch of
           rows joined to the shards' url -> key, status by hashed lookups);
 - pandas: ``pd.read_csv(sep="\\t", quoting=QUOTE_NONE)`` + the same validity rules in pandas
@@ -107,8 +107,8 @@ def write_shards(tsv: Path, root: Path) -> int:
 
 
 def run_ours(tsv: Path, out: Path, layout: str) -> dict:
-    from pipeline.config import load_params
-    from pipeline.ingest import ingest_dataset
+    from pipeline.params.parser import load_params
+    from pipeline.ingest.ingest import ingest_dataset
 
     empty = out / "empty.tsv"
     empty.write_bytes(b"")
@@ -127,7 +127,7 @@ def run_ours(tsv: Path, out: Path, layout: str) -> dict:
 def run_pandas(tsv: Path, out: Path, layout: str) -> dict:
     import pandas as pd
 
-    from pipeline.sources.records import URL_RE
+    from pipeline.ingest.sources.records import URL_RE
 
     start = time.perf_counter()
     df = pd.read_csv(tsv, sep="\t", header=None, names=["caption", "url"], quoting=csv.QUOTE_NONE, dtype=str,
@@ -185,7 +185,7 @@ def child(which: str, layout: str, tsv: Path, out: Path) -> None:
     import pandas  # noqa: F401  (both sides pay for the same imports before measuring)
     import pyarrow.parquet  # noqa: F401
 
-    import pipeline.ingest  # noqa: F401
+    import pipeline.ingest.ingest  # noqa: F401
 
     idle_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = (run_ours if which == "ours" else run_pandas)(tsv, out, layout)

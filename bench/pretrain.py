@@ -15,7 +15,7 @@ model (params.yaml ``model:``, same initial weights) and the same batches:
 - (b) ``engine``: the stage's DeepSpeed engine (``pipeline.training.engine.initialize``,
                   ``engine(batch, task)``, ``engine.backward``, ``engine.step``);
 - (c) ``loop``:   the stage's ``pipeline.training.loop.train()`` with real ``BatchStream``s over the
-                  LMDB DBs (``pipeline.training.data.train_streams``), a real dvclive
+                  LMDB DBs (``pipeline.pretrain.inputs.train_streams``), a real dvclive
                   ``MetricsLogger``, a ``Checkpointer`` and held-out validation at params.yaml's
                   cadence scaled to the round; timed by ``LoopResult.timings_s["train"]`` (steps:
                   data loading, collation, host->device, forward/backward/step, running means);
@@ -159,7 +159,7 @@ def timed_round(loop, batches: list[dict], device: torch.device) -> list[float]:
 # ------------------------------------------------------------------------------- the stage world
 
 ROOT = Path(__file__).resolve().parent.parent
-# the mini detector (pipeline/detector/presets.py ``mini``): res5 out channels 64 x 8 = 512-d region
+# the mini detector (pipeline/extract/detector/presets.py ``mini``): res5 out channels 64 x 8 = 512-d region
 # features; soft labels over the mini world's 30 categories (5 colours x 6 shapes) + background
 MINI_FEATURE_DIM, MINI_NUM_CLASSES = 512, 31
 # regions per image: extract.min_boxes (10) is the floor; mini-world scenes hold <= 5 objects
@@ -174,13 +174,13 @@ def write_stage_world(data: Path, *, coco_images: int = 240, vg_images: int = 80
     with mini-world captions; returns params.yaml pointed at ``data`` with ingest limited to them."""
     import numpy as np
 
-    from pipeline.config import load_params
-    from pipeline.detector.extractor import Regions
-    from pipeline.detector.shards import encode_shard, shard_name
-    from pipeline.manifest import ParquetStreamWriter, manifest_schema
+    from pipeline.params.parser import load_params
+    from pipeline.extract.detector.extractor import Regions
+    from pipeline.extract.detector.shards import encode_shard, shard_name
+    from pipeline.ingest.manifest import ParquetStreamWriter, manifest_schema
     from pipeline.mini_world.scenes import dataset_rng, sample_scene
     from pipeline.mini_world.text import coco_captions, region_phrases, web_caption
-    from pipeline.runinfo import atomic_write_bytes, atomic_write_json, mark_done
+    from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json, mark_done
 
     size, shard_size = 192, 100
     sources = {"coco": coco_images, "vg": vg_images, "cc": web_images, "sbu": web_images}
@@ -226,7 +226,7 @@ def write_stage_world(data: Path, *, coco_images: int = 240, vg_images: int = 80
             "class_names": ["__background__"] + [f"c{i}" for i in range(1, num_classes)], "mode": "detected"})
     import logging
 
-    quiet = logging.getLogger("pipeline.config")  # warns about eval sets of datasets the world lacks
+    quiet = logging.getLogger("pipeline.params.parser")  # warns about eval sets of datasets the world lacks
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
@@ -241,9 +241,9 @@ def build_stage_dbs(params) -> None:
     """The real build_dbs stage over the world's features and clean manifests."""
     import logging
 
-    from pipeline.build_dbs import run as build_dbs
+    from pipeline.stores.build_dbs import run as build_dbs
 
-    logging.getLogger("pipeline.build_dbs").setLevel(logging.ERROR)  # test splits the world leaves empty
+    logging.getLogger("pipeline.stores.build_dbs").setLevel(logging.ERROR)  # test splits the world leaves empty
     build_dbs(params)
 
 
@@ -315,13 +315,13 @@ def stage_main(args: argparse.Namespace) -> int:
     import logging
     import tempfile
 
-    from pipeline.pretrain import plan_stage
+    from pipeline.pretrain.pretrain import plan_stage
     from pipeline.training.checkpointing import Checkpointer
-    from pipeline.training.data import held_out_batches, open_sources, train_streams
+    from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
     from pipeline.training.engine import resolve_precision
     from pipeline.training.loop import LoopSettings, batch_units, train
     from pipeline.training.metrics import MetricsLogger
-    from pipeline.training.model_io import build_model, spec_from_params
+    from pipeline.pretrain.model_io import build_model, spec_from_params
     from pipeline.training.task_mix import TaskSchedule
 
     logging.basicConfig(level=logging.WARNING)

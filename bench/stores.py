@@ -31,9 +31,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.batching import TokenBucketSampler, padding_efficiency  # noqa: E402
-from pipeline.image_dbs import build_image_db  # noqa: E402
-from pipeline.stores import ImageDb, ImageDbGroup, TextDb  # noqa: E402
+from pipeline.training.batching import TokenBucketSampler, padding_efficiency  # noqa: E402
+from pipeline.stores.image_db_builder import build_image_db  # noqa: E402
+from pipeline.stores.lmdb_store import ImageDb, ImageDbGroup, TextDb  # noqa: E402
 
 
 def region_counts(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -139,9 +139,9 @@ def padding_rows(txt: np.ndarray, img: np.ndarray, label: str, budgets=(2048, 40
 
 def write_text_db(root: Path, img_name: str, image_ids: list[str], n: int) -> Path:
     """A pretraining text DB of caption-like random WordPiece ids over ``image_ids``."""
-    from pipeline.build_dbs import write_text_db as write_db
-    from pipeline.text_dbs import TextDbSpec
-    from pipeline.tokenization import WordPieceTokenizer
+    from pipeline.stores.build_dbs import write_text_db as write_db
+    from pipeline.stores.text_db_builder import TextDbSpec
+    from pipeline.stores.tokenization import WordPieceTokenizer
 
     rng = np.random.default_rng(1)
     txt, _ = caption_lengths(n, seed=1)
@@ -159,8 +159,8 @@ def bench_loader_vs_trainer(root: Path, img_name: str, batch_tokens: int, n_batc
     import torch
     from torch.utils.data import DataLoader
 
-    from pipeline.batching import collate_pretrain
-    from pipeline.pretrain_data import PretrainDataset
+    from pipeline.training.batching import collate_pretrain
+    from pipeline.pretrain.datasets import PretrainDataset
 
     img = ImageDb(root / "img" / img_name)
     txt_path = write_text_db(root, img_name, sorted(img.nbb), 20_000)

@@ -37,14 +37,14 @@ RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # data and run directories are the run's own (runs/<run_name>/data), an override may not move them
 OVERRIDE_KEY_PATTERN = r"^(?!paths(\.|$))[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
 FIXED_SECTIONS = ("paths",)
-# stages that dvc.yaml runs as a module of their own (`python -m pipeline.plots`), not through the
+# stages that dvc.yaml runs as a module of their own (`python -m pipeline.report.plots`), not through the
 # stage registry of `python -m pipeline`
-MODULE_STAGES = {"plots": "pipeline.plots"}
+MODULE_STAGES = {"plots": "pipeline.report.plots"}
 # Where runs live is the deployment's choice (this variable, else params.yaml's paths.runs), never
 # the trigger's: a conf may not move a run's files (see OVERRIDE_KEY_PATTERN)
-from pipeline.config import RUNS_DIR_ENV  # noqa: E402  (one name for the DAG and `report results --exps`)
+from pipeline.params.parser import RUNS_DIR_ENV  # noqa: E402  (one name for the DAG and `report results --exps`)
 if TYPE_CHECKING:
-    from pipeline.gpu_alloc import Allocation
+    from pipeline.common.gpu_alloc import Allocation
 PARAMS_FILE = "params.yaml"
 OUTPUTS_FILE = "outputs.json"
 
@@ -65,8 +65,8 @@ def repo_params(repo_root: Path = REPO_ROOT) -> dict[str, Any]:
 
 
 def parse_repo_params(repo_root: Path = REPO_ROOT) -> Any:
-    """The repository's ``params.yaml``, parsed (``pipeline.config.Params``; input paths unchecked)."""
-    from pipeline.config import parse_params
+    """The repository's ``params.yaml``, parsed (``pipeline.params.parser.Params``; input paths unchecked)."""
+    from pipeline.params.parser import parse_params
 
     return parse_params(repo_params(repo_root), source=str(repo_root / PARAMS_FILE), check_paths=False)
 
@@ -134,11 +134,11 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
     """Create (or, on a retry, re-check) the run directory and its params file.
 
     Returns ``{run_name, run_dir, params, data, world, detector, datasets, image_sources, tasks}`` with paths
-    relative to ``repo_root`` (stages run there). Raises ``pipeline.config.ParamsError`` for a conf
+    relative to ``repo_root`` (stages run there). Raises ``pipeline.params.parser.ParamsError`` for a conf
     the strict params schema refuses, and :class:`RunConflict` when ``run_name`` already ran with
     other params.
     """
-    from pipeline.config import apply_override, parse_params
+    from pipeline.params.parser import apply_override, parse_params
 
     raw = repo_params(repo_root)
     for assignment in conf_to_overrides(conf):
@@ -195,7 +195,7 @@ def run_stage(stage: str, item: str | None, params_file: str, *, repo_root: Path
               gpus: "Allocation | None" = None) -> None:
     """Run one stage as a child process in ``repo_root``, streaming its output to ``emit`` (the task
     log). A child process keeps torch/DeepSpeed/detectron2 state out of the Airflow worker.
-    ``gpus``: the devices the task holds (``pipeline.gpu_alloc``): the stage sees only those, and
+    ``gpus``: the devices the task holds (``pipeline.common.gpu_alloc``): the stage sees only those, and
     inherits their locks so they stay taken while it lives.
     Raises :class:`StageFailed` with the last ``tail_lines`` lines when it exits non-zero."""
     emit = emit or log.info
@@ -245,8 +245,8 @@ def output_dirs(data_dir: Path) -> list[Path]:
 def record_outputs(run: Mapping[str, Any], *, repo_root: Path = REPO_ROOT) -> dict[str, Any]:
     """Write ``outputs.json`` into the run dir: the run's params digest and a content digest per
     stage output (``_run.json`` files, which hold wall times, excluded). Returns the record."""
-    from pipeline.config import load_params
-    from pipeline.runinfo import atomic_write_json, tree_digest
+    from pipeline.params.parser import load_params
+    from pipeline.common.runinfo import atomic_write_json, tree_digest
 
     data_dir = repo_root / run["data"]
     record = {

@@ -8,7 +8,7 @@ Each task runs the same stage entry as dvc.yaml (``python -m pipeline <stage> [I
 runs/<run_name>/params.yaml``), so a run is the DVC pipeline with the trigger's params, written to
 its own ``runs/<run_name>/`` (params, conf, data, outputs.json). Stages are idempotent and write
 atomically: retrying a task is safe. Extraction and training tasks take ``gpu`` pool slots, one
-per GPU they use, and run on devices of their own: ``pipeline.gpu_alloc`` hands each task free
+per GPU they use, and run on devices of their own: ``pipeline.common.gpu_alloc`` hands each task free
 indices of its host (``CUDA_VISIBLE_DEVICES``) and takes them back when it ends, also when killed.
 This file only wires stages; the helpers are in ``_uniter_runs.py``.
 """
@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import AirflowFailException
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 import _uniter_runs as runs  # noqa: E402
-from pipeline import gpu_alloc  # noqa: E402  (importable: _uniter_runs puts the repository on sys.path)
+from pipeline.common import gpu_alloc  # noqa: E402  (importable: _uniter_runs puts the repository on sys.path)
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def uniter_pretraining():
     @task(retries=0)
     def prepare() -> dict:
         """Validate the conf against the strict params schema and write runs/<run_name>/params.yaml."""
-        from pipeline.config import ParamsError
+        from pipeline.params.parser import ParamsError
 
         ctx = get_current_context()
         try:
@@ -153,7 +153,7 @@ def uniter_pretraining():
 
     def _extract_parts(run: dict) -> int:
         """``extract.parts`` of the run's params (a trigger sets it through ``overrides``)."""
-        from pipeline.config import load_params
+        from pipeline.params.parser import load_params
 
         return load_params(runs.REPO_ROOT / run["params"], check_paths=False).extract.parts
 

@@ -1,7 +1,7 @@
 """``python -m pipeline <stage> [ITEM] [--params params.yaml] [--set a.b=value ...]``.
 
 The single entry used identically by DVC (``dvc.yaml``), Airflow (``dags/``) and people. Each stage
-runs holding its output lock (:mod:`pipeline.locking`): a second run of the same stage waits for the
+runs holding its output lock (:mod:`pipeline.common.locking`): a second run of the same stage waits for the
 first, or exits with status 3 when ``UNITER_LOCK_WAIT=0``.
 """
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(resolve(TOOLS[argv[0]].entry)(argv[1:]) or 0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline.config import ParamsError, load_params
+    from pipeline.params.parser import ParamsError, load_params
 
     try:
         params = load_params(args.params, args.overrides, check_paths=STAGES[args.command].check_paths)
@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from model.weights_file import UnsafeCheckpointError
-    from pipeline.download import DownloadError
-    from pipeline.configs.pretrain import PRETRAIN_OUTPUTS
-    from pipeline.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
-    from pipeline.ownership import ForeignDirectoryError
-    from pipeline.sources.records import SourceFormatError
-    from pipeline.stores import DiskFullError
+    from pipeline.ingest.download import DownloadError
+    from pipeline.params.pretrain import PRETRAIN_OUTPUTS
+    from pipeline.common.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
+    from pipeline.common.ownership import ForeignDirectoryError
+    from pipeline.ingest.sources.records import SourceFormatError
+    from pipeline.stores.lmdb_store import DiskFullError
 
     try:
         wait = wait_from_env()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     stage = STAGES[args.command]
     item = args.item if stage.item else None
     # one writer per output: a retry or a second terminal waits here (or exits 3) instead of
-    # racing the running one; see pipeline/locking.py for the keys
+    # racing the running one; see pipeline/common/locking.py for the keys
     out_name = params.pretrain.out_name if args.command in PRETRAIN_OUTPUTS else None
     try:
         with stage_locks(params.paths.data, args.command, item, out_name=out_name, wait=wait):

@@ -25,22 +25,22 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
-        Stage("download", "pipeline.download:run", "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
+        Stage("download", "pipeline.ingest.download:run", "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
               item="dataset", check_paths=False),
-        Stage("ingest", "pipeline.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
-        Stage("decontaminate", "pipeline.decontaminate:run", "remove eval images from pretraining; reports"),
-        Stage("train_detector", "pipeline.detector_train:run", "fit the mini-world C4 detector"),
-        Stage("extract", "pipeline.regions:run", "Faster R-CNN region features, sharded", item="image_source"),
-        Stage("build_dbs", "pipeline.build_dbs:run", "LMDB image and text stores"),
-        Stage("import_uniter_db", "pipeline.import_uniter_db:run",
+        Stage("ingest", "pipeline.ingest.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
+        Stage("decontaminate", "pipeline.decontam.decontaminate:run", "remove eval images from pretraining; reports"),
+        Stage("train_detector", "pipeline.extract.train_detector:run", "fit the mini-world C4 detector"),
+        Stage("extract", "pipeline.extract.extract:run", "Faster R-CNN region features, sharded", item="image_source"),
+        Stage("build_dbs", "pipeline.stores.build_dbs:run", "LMDB image and text stores"),
+        Stage("import_uniter_db", "pipeline.stores.import_uniter_db:run",
               "UNITER's released LMDBs -> image and text stores (what build_dbs runs with source uniter_release)"),
-        Stage("pretrain", "pipeline.pretrain:run", "DeepSpeed pretraining (first stage)"),
-        Stage("pretrain_masking", "pipeline.pretrain:run_masking_ablation",
+        Stage("pretrain", "pipeline.pretrain.pretrain:run", "DeepSpeed pretraining (first stage)"),
+        Stage("pretrain_masking", "pipeline.pretrain.pretrain:run_masking_ablation",
               "the first stage with the other masking (ablations/dvc.yaml)"),
-        Stage("pretrain_vcr", "pipeline.pretrain:run_vcr", "VCR second-stage pretraining"),
-        Stage("finetune", "pipeline.finetune:run", "fine-tune and evaluate one task", item="task"),
-        Stage("results", "pipeline.results:run", "results table with Meta-Sum"),
-        Stage("ablations", "pipeline.ablations:run", "the masking ablation's table (ablations/dvc.yaml)"),
+        Stage("pretrain_vcr", "pipeline.pretrain.pretrain:run_vcr", "VCR second-stage pretraining"),
+        Stage("finetune", "pipeline.finetune.finetune:run", "fine-tune and evaluate one task", item="task"),
+        Stage("results", "pipeline.report.results:run", "results table with Meta-Sum"),
+        Stage("ablations", "pipeline.report.ablations:run", "the masking ablation's table (ablations/dvc.yaml)"),
     )
 }
 
@@ -48,8 +48,8 @@ STAGES: dict[str, Stage] = {
 TOOLS: dict[str, Stage] = {
     s.name: s
     for s in (
-        Stage("report", "pipeline.reports_cli:main", "inspect reports: `report cleaning [DATASET] [--show N]`"),
-        Stage("db", "pipeline.db_cli:main", "inspect stores: `db inspect PATH --key ID`, `db stats PATH`"),
+        Stage("report", "pipeline.report.cli:main", "inspect reports: `report cleaning [DATASET] [--show N]`"),
+        Stage("db", "pipeline.stores.db_cli:main", "inspect stores: `db inspect PATH --key ID`, `db stats PATH`"),
     )
 }
 

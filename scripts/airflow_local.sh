@@ -114,8 +114,8 @@ start_workers() {
   local i host
   host="$(hostname)"
   for i in $(seq 1 "$WORKERS"); do
-    # the task processes report the worker's name as their hostname (pipeline.gpu_alloc.worker_host)
-    UNITER_WORKER_NAME="worker$i@$host" AIRFLOW__CORE__HOSTNAME_CALLABLE=pipeline.gpu_alloc.worker_host \
+    # the task processes report the worker's name as their hostname (pipeline.common.gpu_alloc.worker_host)
+    UNITER_WORKER_NAME="worker$i@$host" AIRFLOW__CORE__HOSTNAME_CALLABLE=pipeline.common.gpu_alloc.worker_host \
       start_proc "worker$i" celery worker -H "worker$i@$host" --skip-serve-logs \
       -c "$AIRFLOW__CELERY__WORKER_CONCURRENCY"
   done

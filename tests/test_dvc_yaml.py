@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.configs.extract import IMAGE_SOURCES
-from pipeline.configs.finetune import TASKS
-from pipeline.configs.ingest import DATASETS
+from pipeline.params.extract import IMAGE_SOURCES
+from pipeline.params.finetune import TASKS
+from pipeline.params.ingest import DATASETS
 from pipeline.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +25,19 @@ PACKAGES = ("pipeline", "model")
 # the ownership marker (it says which stage wrote a directory, never what the stage computed) and
 # progress display (bars or log lines).
 PLUMBING = {
-    "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/config.py", "pipeline/stages.py",
-    "pipeline/runinfo.py", "pipeline/ownership.py", "pipeline/progress.py", "model/__init__.py",
+    "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/params/parser.py", "pipeline/stages.py",
+    "pipeline/common/runinfo.py", "pipeline/common/ownership.py", "pipeline/common/progress.py", "model/__init__.py",
 }
-PLUMBING_DIRS = ("pipeline/configs/",)
+PLUMBING_DIRS = ("pipeline/params/",)
+
+
+def docstring_only(path: str) -> bool:
+    """A package ``__init__.py`` that only says what its folder owns computes nothing: not a dep."""
+    import ast
+
+    body = ast.parse((ROOT / path).read_text()).body
+    return path.endswith("/__init__.py") and len(body) == 1 and isinstance(body[0], ast.Expr) \
+        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
 
 
 @cache
@@ -51,7 +60,7 @@ def dvc_stages() -> dict[str, dict]:
 
 
 # Stages that are a module of their own rather than an entry of pipeline.stages: module, command.
-MODULE_STAGES = {"plots": ("pipeline.plots", "python -m pipeline.plots")}
+MODULE_STAGES = {"plots": ("pipeline.report.plots", "python -m pipeline.report.plots")}
 
 
 def expected_stage_names() -> set[str]:
@@ -122,7 +131,7 @@ def stage_roots(address: str) -> list[str]:
         return [MODULE_STAGES[name][0]]
     roots = [STAGES[name].entry.split(":")[0]]
     if name == "ingest":
-        roots.append(f"pipeline.sources.{item}")  # pipeline.sources.load_reader imports it by name
+        roots.append(f"pipeline.ingest.sources.{item}")  # pipeline.ingest.sources.load_reader imports it by name
     return roots
 
 
@@ -214,7 +223,8 @@ def test_code_deps_cover_the_modules_the_stage_imports(address):
     code_deps = [d for d in stage["deps"] if d.split("/")[0] in PACKAGES]
     for dep in code_deps:
         assert (ROOT / dep).exists(), f"{address} depends on {dep}, which does not exist"
-    needed = {f for f in project_closure(roots) if f not in PLUMBING and not f.startswith(PLUMBING_DIRS)}
+    needed = {f for f in project_closure(roots)
+              if f not in PLUMBING and not f.startswith(PLUMBING_DIRS) and not docstring_only(f)}
 
     def covers(dep: str, f: str) -> bool:
         return f == dep or f.startswith(dep.rstrip("/") + "/")

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipeline.configs.decontaminate import DEFAULT_EVAL_SPLITS, effective_eval_splits
-from pipeline.configs.finetune import TASKS
-from pipeline.configs.world import MiniWorldConfig
-from pipeline.progress import track
-from pipeline.runinfo import RunRecord, atomic_dir, tree_digest
+from pipeline.params.decontaminate import DEFAULT_EVAL_SPLITS, effective_eval_splits
+from pipeline.params.finetune import TASKS
+from pipeline.params.world import MiniWorldConfig
+from pipeline.common.progress import track
+from pipeline.common.runinfo import RunRecord, atomic_dir, tree_digest
 from pipeline.mini_world.coco import write_coco
 from pipeline.mini_world.flickr30k import write_flickr30k, write_snli_ve
 from pipeline.mini_world.nlvr2 import write_nlvr2

@@ -1,9 +1,12 @@
-"""Training machinery for the pretraining stages (pipeline/pretrain.py).
+"""The training machinery both training stages run on: pretraining (pipeline/pretrain/) and
+fine-tuning (pipeline/finetune/).
 
-One concern per module: ``engine`` (DeepSpeed config + initialize), ``task_mix`` (the seeded task
-schedule), ``streams`` (resumable per-task batch streams), ``checkpointing`` (save / exact resume /
-consolidated export), ``launch`` (the ``deepspeed`` launcher and process groups), ``metrics``
-(dvclive logging, running means, validation), ``loop`` (the step loop tying them together).
-Nothing here knows about UNITER: it trains any module whose ``forward(batch, task)`` returns an
-object with ``loss`` and ``metrics``.
+``trainer`` is the harness a stage calls (settings in, engine, fit, consolidated weights out); it
+ties together one concern per module: ``engine`` (DeepSpeed config + initialize), ``task_mix``
+(the seeded task schedule), ``streams`` (resumable per-task batch streams), ``batching`` (the
+token-bucket sampler and the collate that packs text and regions), ``checkpointing`` (save / exact
+resume / consolidated export), ``launch`` (the ``deepspeed`` launcher and process groups),
+``metrics`` (dvclive logging, running means, validation), ``loop`` (the step loop).
+Nothing here knows about UNITER's tasks: it trains any module whose ``forward(batch, task)``
+returns an object with ``loss`` and ``metrics``.
 """

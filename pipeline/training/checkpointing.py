@@ -9,7 +9,7 @@ leaves an incomplete directory that resume ignores and the next save replaces.
 ``fingerprint.json`` records what the checkpoints were trained with (params and inputs). When it
 does not match the current run, the old checkpoints belong to another experiment and are removed
 instead of being resumed, but only when the root carries the pipeline's ownership marker
-(pipeline/ownership.py): a directory the pipeline did not create is never removed.
+(pipeline/common/ownership.py): a directory the pipeline did not create is never removed.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from pipeline.ownership import check_owned, claim_dir, remove_owned
-from pipeline.runinfo import atomic_write_bytes, atomic_write_json
+from pipeline.common.ownership import check_owned, claim_dir, remove_owned
+from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
 from pipeline.training.launch import DistInfo
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping
 
 import torch
 
-from pipeline.hardware import cpu_has_bf16
+from pipeline.common.hardware import cpu_has_bf16
 
 log = logging.getLogger(__name__)
 

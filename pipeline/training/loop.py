@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from pipeline.progress import track
+from pipeline.common.progress import track
 from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
 from pipeline.training.engine import Precision, cast_batch, current_lr, fill_missing_grads
 from pipeline.training.launch import DistInfo

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from pipeline.ownership import claim_dir
+from pipeline.common.ownership import claim_dir
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class MetricsLogger:
     """dvclive on rank 0 (``dir/metrics.json`` + ``dir/plots/metrics/**.tsv``); no-op on other ranks.
 
     dvclive clears its files in ``directory`` on a fresh start, so the directory is claimed for
-    ``stage`` first (pipeline/ownership.py): a folder the pipeline did not create is refused.
+    ``stage`` first (pipeline/common/ownership.py): a folder the pipeline did not create is refused.
     """
 
     def __init__(self, directory: Path, *, stage: str, enabled: bool, resume_step: int | None,

@@ -121,8 +121,8 @@ def drop_database(stack: Stack) -> None:
 
 
 def _holding(stack: Stack, host: str, task_id: str) -> bool:
-    """Whether a task of ``host`` holds GPUs for ``task_id`` now (pipeline.gpu_alloc's record)."""
-    from pipeline import gpu_alloc
+    """Whether a task of ``host`` holds GPUs for ``task_id`` now (pipeline.common.gpu_alloc's record)."""
+    from pipeline.common import gpu_alloc
 
     record = stack.home / "gpu_locks" / gpu_alloc.RECORD_FILE
     return record.exists() and any(iv.end is None and iv.host == host and f":{task_id}@" in iv.label

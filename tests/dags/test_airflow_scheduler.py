@@ -29,7 +29,7 @@ from test_dvc_repro import content_digest  # noqa: E402  (one definition of "byt
 
 from airflow_stacks import (REPO, Stack, drop_database, kill_worker_during, make_stack, missing_service, task_log,
                             wait_for_retry)
-from pipeline import gpu_alloc
+from pipeline.common import gpu_alloc
 from pipeline.stages import STAGES
 
 TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())

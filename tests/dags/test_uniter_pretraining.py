@@ -180,7 +180,7 @@ def make_repo(tmp_path: Path) -> Path:
 
 
 def test_conf_becomes_the_run_params_with_every_artifact_inside_the_run(tmp_path):
-    from pipeline.config import load_params
+    from pipeline.params.parser import load_params
 
     root = make_repo(tmp_path)
     conf = {"run_name": "r1", "masking": "joint", "seed": 9, "model_preset": "tiny", "task_mix": {"mlm": 1.0},
@@ -239,7 +239,7 @@ def test_run_name_defaults_to_the_airflow_run_id():
 
 
 def test_a_misspelled_override_fails_in_prepare_naming_the_key(tmp_path):
-    from pipeline.config import ParamsError
+    from pipeline.params.parser import ParamsError
 
     with pytest.raises(ParamsError, match="pretrain.stepz"):
         runs.prepare_run({"run_name": "bad", "overrides": {"pretrain.stepz": 3}}, "m", repo_root=make_repo(tmp_path))
@@ -257,7 +257,7 @@ def test_a_task_runs_the_same_stage_command_as_dvc(stage, item):
 def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path, monkeypatch):
     """The mini_world stage through the task helper, in a tiny run dir: its log lines reach the task
     log, the world lands inside the run, and outputs.json holds its digest."""
-    from pipeline.runinfo import tree_digest
+    from pipeline.common.runinfo import tree_digest
 
     root = make_repo(tmp_path)
     runs_dir = tmp_path / "runs"

@@ -79,7 +79,7 @@ def fresh_copy(dest: Path, overrides: dict | None = None, *, untracked: bool = F
     tree's content; ``untracked``: also files not yet added, for trying work in progress) in a new
     git repository at ``dest``; ``overrides`` are applied to its params.yaml, which must still
     parse strictly."""
-    from pipeline.config import apply_override, load_raw, parse_params
+    from pipeline.params.parser import apply_override, load_raw, parse_params
 
     listing = ["git", "ls-files", "-z", *(["--cached", "--others", "--exclude-standard"] if untracked else [])]
     files = run(listing, REPO).stdout.split("\0")
@@ -147,7 +147,7 @@ def content_digest(path: Path) -> str:
     import hashlib
     import json
 
-    from pipeline.runinfo import file_digest
+    from pipeline.common.runinfo import file_digest
 
     if path.is_file():
         return file_digest(path)
@@ -246,7 +246,7 @@ def test_no_image_of_a_scored_split_is_in_a_clean_pretraining_manifest(tiny_runs
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from pipeline.configs.finetune import TASK_SPLITS
+    from pipeline.params.finetune import TASK_SPLITS
 
     repo = tiny_runs["a"][0]
     scored: dict[tuple[str, str], str] = {}

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from safetensors.numpy import save_file
 
-from pipeline.config import load_params
+from pipeline.params.parser import load_params
 
 ROOT = Path(__file__).resolve().parents[2]
 DIM, CLASSES = 16, 6
@@ -153,7 +153,7 @@ def params_for(data: Path, *overrides: str):
 
 def built_world(data: Path, *overrides: str) -> Path:
     """``write_world(data)`` then the real build_dbs stage over it; returns ``data``."""
-    from pipeline.build_dbs import run as build_dbs
+    from pipeline.stores.build_dbs import run as build_dbs
 
     write_world(data)
     build_dbs(params_for(data, *overrides))

@@ -18,7 +18,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from scene_kit import render_scene, save_mini_checkpoint, write_defect_images  # noqa: E402
 
-from pipeline.config import load_params  # noqa: E402
+from pipeline.params.parser import load_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENE_IDS = [str(i) for i in range(101, 106)]

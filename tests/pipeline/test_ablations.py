@@ -22,7 +22,7 @@ def _write(data, name, report):
 
 
 def test_masking_table_from_both_first_stage_reports(tmp_path):
-    from pipeline.ablations import run
+    from pipeline.report.ablations import run
 
     data = tmp_path / "data"
     params = params_for(data)
@@ -41,7 +41,7 @@ def test_masking_table_from_both_first_stage_reports(tmp_path):
 
 
 def test_runs_that_are_no_ablation_are_refused(tmp_path):
-    from pipeline.ablations import run
+    from pipeline.report.ablations import run
 
     data = tmp_path / "data"
     params = params_for(data)

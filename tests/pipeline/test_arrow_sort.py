@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.arrow_sort import count_distinct, sort_indices, take_sorted
+from pipeline.decontam.arrow_sort import count_distinct, sort_indices, take_sorted
 
 
 def _ids(kind: str, n: int, seed: int) -> list[str]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batching import TokenBucketSampler, collate_pretrain, greedy_token_batches, padding_efficiency
+from pipeline.training.batching import TokenBucketSampler, collate_pretrain, greedy_token_batches, padding_efficiency
 
 
 def lengths(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -16,13 +16,13 @@ from safetensors.numpy import load_file
 from safetensors import safe_open
 
 from dbs_synthetic import ROOT, write_world, params_for
-from pipeline.ownership import OWNER_FILE
-from pipeline.build_dbs import run
-from pipeline.db_cli import main as db_main
-from pipeline.stores import ImageDb, TextDb
-from pipeline.text_dbs import pretrain_specs
-from pipeline.tokenization import WordPieceTokenizer, default_vocab_path
-from pipeline.vqa_answers import answer_score, normalize_answer
+from pipeline.common.ownership import OWNER_FILE
+from pipeline.stores.build_dbs import run
+from pipeline.stores.db_cli import main as db_main
+from pipeline.stores.lmdb_store import ImageDb, TextDb
+from pipeline.stores.text_db_builder import pretrain_specs
+from pipeline.stores.tokenization import WordPieceTokenizer, default_vocab_path
+from pipeline.stores.vqa_answers import answer_score, normalize_answer
 
 OVERRIDES = ("build_dbs.commit_every=2", "build_dbs.vqa_min_answer_count=1")
 TEXT_DBS = {
@@ -197,10 +197,10 @@ def test_nlvr2_snli_refcoco_targets(built):
 KILL_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
-import pipeline.image_dbs as image_dbs
+import pipeline.stores.image_db_builder as image_dbs
 from dbs_synthetic import params_for
-from pipeline.build_dbs import run
-from pipeline.db_cli import main as db_main
+from pipeline.stores.build_dbs import run
+from pipeline.stores.db_cli import main as db_main
 real, calls = image_dbs.encode_value, [0]
 def dying(record, compression):
     calls[0] += 1
@@ -233,7 +233,7 @@ def test_failure_during_a_text_db_keeps_the_previous_db_and_image_dbs_are_reused
     run(params_for(data, *OVERRIDES))
     before = files_below(data / "db")
     mtime = (data / "db" / "img" / "coco" / "data.mdb").stat().st_mtime_ns
-    import pipeline.build_dbs as build_dbs
+    import pipeline.stores.build_dbs as build_dbs
 
     real, calls = build_dbs.encode_value, [0]
 
@@ -271,8 +271,9 @@ def test_db_cli_inspect_and_stats(built, capsys):
 @pytest.mark.slow
 def test_build_dbs_on_real_mini_world_manifests(tmp_path):
     """mini_world -> ingest -> decontaminate for real; features synthetic (the detector is slow to fit)."""
-    from pipeline import decontaminate, ingest
-    from pipeline.config import load_params, to_dict
+    from pipeline.decontam import decontaminate
+    from pipeline.ingest import ingest
+    from pipeline.params.parser import load_params, to_dict
     from pipeline.mini_world import generate, small_config
     from dbs_synthetic import write_features
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import FrozenDict, ParamsError, apply_override, load_params, load_raw, parse_params, to_dict
+from pipeline.params.parser import FrozenDict, ParamsError, apply_override, load_params, load_raw, parse_params, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = REPO / "params.yaml"
@@ -31,7 +31,7 @@ def test_default_params_parse_into_frozen_dataclasses():
 def test_every_key_in_params_yaml_round_trips():
     """to_dict(parse(raw)) == raw: nothing in params.yaml is ignored or defaulted away (its null
     keys are pretrain.recipe's: they come back as the recipe's values)."""
-    from pipeline.configs.pretrain import apply_recipe
+    from pipeline.params.pretrain import apply_recipe
 
     raw = load_raw(PARAMS)
     dumped = yaml.safe_load(yaml.safe_dump(to_dict(load_params(PARAMS))))
@@ -203,7 +203,7 @@ def test_names_that_are_one_path_component_are_accepted(name):
 
 
 def test_the_name_pattern_is_exported_for_the_dag():
-    from pipeline.configs import NAME_PATTERN, name_problem
+    from pipeline.params.checks import NAME_PATTERN, name_problem
 
     assert re.fullmatch(NAME_PATTERN, "run-1.a_b") and not re.fullmatch(NAME_PATTERN, "a/b")
     assert name_problem("ok") is None and NAME_PATTERN in name_problem("..")
@@ -220,13 +220,13 @@ def test_paths_that_are_paths_may_point_anywhere(tmp_path):
 def test_the_task_lists_match_the_modules_that_use_them():
     """The config keeps its own copies of the task names (it must not import torch): they agree."""
     from model.pretraining import PRETRAIN_TASKS
-    from pipeline import pretrain
-    from pipeline.configs import pretrain as cfg
-    from pipeline.tasks import TASK_CLASSES
+    from pipeline.pretrain import pretrain
+    from pipeline.params import pretrain as cfg
+    from pipeline.finetune.tasks import TASK_CLASSES
 
     assert cfg.FIRST_STAGE_TASKS == pretrain.FIRST_STAGE_TASKS == PRETRAIN_TASKS
     assert cfg.VCR_TASKS == pretrain.VCR_TASKS
-    from pipeline.configs.finetune import TASKS
+    from pipeline.params.finetune import TASKS
 
     assert set(TASKS) == set(TASK_CLASSES)
 
@@ -271,7 +271,7 @@ PRETRAIN_ONLY = dict(ingest={"datasets": list(PARTIAL)}, extract={"sources": lis
 
 
 def test_a_real_world_with_only_the_pretraining_sources_parses(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="pipeline.config"):
+    with caplog.at_level("WARNING", logger="pipeline.params.parser"):
         params = parse_params(_real_world(tmp_path, **PRETRAIN_ONLY))
     assert params.ingest.datasets == PARTIAL and params.finetune.tasks == ()
     assert not caplog.records  # with no fine-tuning task, nothing the configured stages read is missing
@@ -313,7 +313,7 @@ def test_eval_and_extract_image_roots_are_checked_for_their_stages(tmp_path):
 
 
 def test_the_mini_world_checks_no_sources_and_warns_about_nothing(caplog):
-    with caplog.at_level("WARNING", logger="pipeline.config"):
+    with caplog.at_level("WARNING", logger="pipeline.params.parser"):
         load_params(PARAMS, ["sources.vqa.questions_train=/nope.json"])
     assert not caplog.records
 

@@ -1,11 +1,11 @@
-"""Each fact once: a default in pipeline/configs/*.py either equals params.yaml's value or does not exist."""
+"""Each fact once: a default in pipeline/params/*.py either equals params.yaml's value or does not exist."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from pipeline.config import load_params, to_dict
+from pipeline.params.parser import load_params, to_dict
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
@@ -39,7 +39,7 @@ def test_every_dataclass_default_equals_params_yaml_or_does_not_exist():
 
 
 def test_the_check_sees_a_drifted_default(monkeypatch):
-    from pipeline.configs.pretrain import PretrainConfig
+    from pipeline.params.pretrain import PretrainConfig
 
     steps = next(f for f in dataclasses.fields(PretrainConfig) if f.name == "steps")
     monkeypatch.setattr(steps, "default", load_params(PARAMS).pretrain.steps + 1)

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline import decontaminate
-from pipeline.config import load_params
-from pipeline.phash import phash_file
+from pipeline.decontam import decontaminate
+from pipeline.params.parser import load_params
+from pipeline.decontam.phash import phash_file
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = ["example_id", "dataset", "split", "image_source", "image_id", "image_path", "url", "text"]
@@ -332,9 +332,9 @@ def test_missing_manifest_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def mini_chain(tmp_path_factory):
     """A small mini world, ingested, then decontaminated through the stage CLI."""
-    from pipeline import ingest
+    from pipeline.ingest import ingest
     from pipeline.__main__ import main
-    from pipeline.config import to_dict
+    from pipeline.params.parser import to_dict
     from pipeline.mini_world import generate, small_config
 
     base = load_params(REPO / "params.yaml")
@@ -382,11 +382,11 @@ def test_report_cli_reads_the_stage_output(mini_chain):
 
     from rich.console import Console
 
-    from pipeline import reports_cli
+    from pipeline.report import cli as report_cli
 
     data, planted = mini_chain
     buf = io.StringIO()
-    assert reports_cli.main(["cleaning", "cc", "--show", "3", "--dir", str(data)],
+    assert report_cli.main(["cleaning", "cc", "--show", "3", "--dir", str(data)],
                             console=Console(file=buf, width=200)) == 0
     out = buf.getvalue()
     assert "removed images (3 of" in out and any(o["image_id"] in out for o in planted["overlaps"])

@@ -13,11 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from scene_kit import CATEGORIES, write_coco_world  # noqa: E402
 
-from pipeline.config import load_params  # noqa: E402
-from pipeline.detector.build import load_detector  # noqa: E402
-from pipeline.detector.extractor import RegionExtractor, Regions  # noqa: E402
-from pipeline.detector_train import SceneImage, box_iou, class_table, load_scenes, run, score_regions  # noqa: E402
-from pipeline.image_io import decode_image  # noqa: E402
+from pipeline.params.parser import load_params  # noqa: E402
+from pipeline.extract.detector.build import load_detector  # noqa: E402
+from pipeline.extract.detector.extractor import RegionExtractor, Regions  # noqa: E402
+from pipeline.extract.train_detector import SceneImage, box_iou, class_table, load_scenes, run, score_regions  # noqa: E402
+from pipeline.ingest.image_io import decode_image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

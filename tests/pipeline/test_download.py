@@ -17,12 +17,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import load_params, load_raw
-from pipeline.download import RUN_FILE, URL_LIST, run
-from pipeline.ingest import ingest_dataset
+from pipeline.params.parser import load_params, load_raw
+from pipeline.ingest.download import RUN_FILE, URL_LIST, run
+from pipeline.ingest.ingest import ingest_dataset
 from pipeline.mini_world import generate, small_config
 from pipeline.mini_world.shards import SHARD_SCHEMA
-from pipeline.sources.records import URL_RE
+from pipeline.ingest.sources.records import URL_RE
 
 REPO = Path(__file__).resolve().parents[2]
 IMG2DATASET = REPO / ".venv-img2dataset" / "bin" / "img2dataset"

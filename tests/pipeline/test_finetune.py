@@ -20,8 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tasks"))
 from finetune_world import ROOT, budget, ft_params, world  # noqa: E402
 
-from pipeline.configs.finetune import TASK_SPLITS, TASKS  # noqa: E402
-from pipeline.runinfo import file_digest  # noqa: E402
+from pipeline.params.finetune import TASK_SPLITS, TASKS  # noqa: E402
+from pipeline.common.runinfo import file_digest  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def finished(data) -> dict:
     """Every task fine-tuned for 3 steps from the pretrained start (one process, in order)."""
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     return run(ft_params(data, *(budget(t) for t in TASKS)))
 
@@ -74,8 +74,8 @@ def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task
     from safetensors.torch import load_file
 
     from model.config import UniterConfig
-    from pipeline.tasks import task_class
-    from pipeline.tasks.base import TaskContext
+    from pipeline.finetune.tasks import task_class
+    from pipeline.finetune.tasks.base import TaskContext
 
     params = ft_params(data, budget(task))
     config = json.loads((data / "models" / task / "model_config.json").read_text())
@@ -88,7 +88,7 @@ def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task
 
 def test_task_specific_outputs(data, finished):
     vqa = data / "models" / "vqa"
-    from pipeline.stores import TextDb
+    from pipeline.stores.lmdb_store import TextDb
 
     for split in ("val", "test"):
         preds = json.loads((vqa / f"vqa_predictions_{split}.json").read_text())
@@ -130,10 +130,10 @@ def test_task_specific_outputs(data, finished):
 def vqa_accuracy_by_hand(data: Path, predicted: dict[str, str]) -> float:
     """VQA accuracy of ``predicted`` averaged by hand over the manifest questions it answers that have
     human answers (per question: the official formula, checked against the official tool in
-    tests/pipeline/tasks/test_vqa_eval.py), rounded as the official tool reports it."""
+    tests/pipeline/finetune/tasks/test_vqa_eval.py), rounded as the official tool reports it."""
     import pandas as pd
 
-    from pipeline.tasks.vqa_eval import question_accuracy
+    from pipeline.finetune.tasks.vqa_eval import question_accuracy
 
     frame = pd.read_parquet(data / "manifests" / "vqa.parquet")
     scores = [question_accuracy(predicted[str(r.question_id)], list(r.answers)) for r in frame.itertuples(index=False)
@@ -146,7 +146,7 @@ def class_oracle_by_hand(data: Path) -> dict[str, float]:
     ground-truth box, then the most confident box (ground-truth or detected) with that top class."""
     import numpy as np
 
-    from pipeline.stores import ImageDbGroup, TextDb
+    from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
 
     def iou(a, b) -> float:
         w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
@@ -183,7 +183,7 @@ def class_oracle_by_hand(data: Path) -> dict[str, float]:
 
 @pytest.mark.parametrize("variant", ["triplet", "pair"])
 def test_nlvr2_variants(data, variant):
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     record = run(ft_params(data, budget("nlvr2", steps=2), f"finetune.nlvr2_variant={variant}"), "nlvr2")["nlvr2"]
     config = json.loads((data / "models" / "nlvr2" / "model_config.json").read_text())
@@ -194,7 +194,7 @@ def test_nlvr2_variants(data, variant):
 def test_scratch_comparison_has_the_same_budget_and_head_start(data):
     from safetensors.torch import load_file
 
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     record = run(ft_params(data, budget("snli_ve", steps=4), "finetune.compare_scratch=true"), "snli_ve")["snli_ve"]
     entry = record["summary"]["test/accuracy"]
@@ -214,7 +214,7 @@ def test_parallel_starts_give_what_one_thread_gives_one_after_the_other(data):
     after the other in this process with the same one thread."""
     import torch
 
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     overrides = (budget("snli_ve", steps=4), "finetune.compare_scratch=true")
     outputs = ("models/snli_ve/model.safetensors", "models/snli_ve/eval.json", "metrics/snli_ve.json",
@@ -237,13 +237,13 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     the pretraining stage does, so the comparison isolates what pretraining learned."""
     import torch
 
-    from pipeline.finetune import encoder_config
-    from pipeline.tasks import task_class
-    from pipeline.tasks.base import TaskContext
-    from pipeline.tasks.runner import RunPlan, build_model
-    from pipeline.pretrain import _build_model, plan_stage
-    from pipeline.training.data import open_sources
-    from pipeline.training.model_io import read_exported
+    from pipeline.finetune.finetune import encoder_config
+    from pipeline.finetune.tasks import task_class
+    from pipeline.finetune.tasks.base import TaskContext
+    from pipeline.finetune.runner import RunPlan, build_model
+    from pipeline.pretrain.pretrain import _build_model, plan_stage
+    from pipeline.pretrain.inputs import open_sources
+    from pipeline.pretrain.model_io import read_exported
 
     params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")
     pretraining = plan_stage(params, "pretrain")
@@ -273,7 +273,7 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
 
 
 def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     with pytest.raises(ValueError, match="unknown fine-tuning task 'vqa2'"):
         run(ft_params(data), "vqa2")
@@ -290,7 +290,7 @@ def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
 def test_the_start_follows_pretrain_out_name(data, tmp_path):
     """pretrain.out_name names the pretraining outputs; fine-tuning reads the ones it names (an
     experiment with its own out_name must not silently fine-tune the default model)."""
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     other = tmp_path / "data"
     shutil.copytree(data / "db", other / "db")
@@ -303,7 +303,7 @@ def test_the_start_follows_pretrain_out_name(data, tmp_path):
 
 
 def test_results_stage_reads_what_finetune_wrote(data, finished):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     results = run(ft_params(data))
     assert [r["task"] for r in results["rows"]] == ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr",
@@ -319,9 +319,9 @@ def test_results_stage_reads_what_finetune_wrote(data, finished):
 def test_without_evaluation_server_files_vqa_and_vcr_report_dev_and_vqa_writes_the_submission(tmp_path_factory):
     """Real data: VQA and VCR test labels are not public. The test split is then predicted (VQA: the
     submission file for the evaluation server) but not scored, and the results table reports dev."""
-    from pipeline.finetune import run
-    from pipeline.results import run as results
-    from pipeline.stores import TextDb
+    from pipeline.finetune.finetune import run
+    from pipeline.report.results import run as results
+    from pipeline.stores.lmdb_store import TextDb
 
     data = world(tmp_path_factory, test_labels=False)
     params = ft_params(data, *(budget(t, steps=1) for t in TASKS))

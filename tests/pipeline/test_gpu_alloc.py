@@ -1,4 +1,4 @@
-"""pipeline.gpu_alloc on a CPU machine with a fake device count: concurrent processes never hold
+"""pipeline.common.gpu_alloc on a CPU machine with a fake device count: concurrent processes never hold
 one device index at the same time, devices come back after SIGKILL, a stage child keeps them."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import gpu_alloc
+from pipeline.common import gpu_alloc
 
 # One holder process: takes N devices, appends what CUDA_VISIBLE_DEVICES it would give its stage,
 # holds them HOLD seconds.
 HOLDER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from pipeline import gpu_alloc
+    from pipeline.common import gpu_alloc
     lock_dir, n, hold, label = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     with gpu_alloc.allocate(n, label=label, directory=lock_dir, count=int(sys.argv[5]), poll_s=0.05) as got:
         print(json.dumps(got.env({})), flush=True)

@@ -1,4 +1,4 @@
-"""pipeline.image_io on images each test writes: every mode, EXIF, and every kind of broken file."""
+"""pipeline.ingest.image_io on images each test writes: every mode, EXIF, and every kind of broken file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.image_io import ImageRejected, decode_image, probe_image, probe_image_detail
+from pipeline.ingest.image_io import ImageRejected, decode_image, probe_image, probe_image_detail
 
 
 def _noise_jpeg(path: Path, size=(64, 48), quality=90) -> Path:

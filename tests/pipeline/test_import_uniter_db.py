@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 
 from dbs_synthetic import ROOT, params_for
-from pipeline.batching import collate_pretrain
-from pipeline.import_uniter_db import run
-from pipeline.locking import stage_keys
-from pipeline.pretrain_data import PretrainDataset
-from pipeline.sources.records import SourceFormatError
-from pipeline.stores import ImageDb, ImageDbGroup, TextDb
-from pipeline.text_dbs import SNLI_LABELS
-from pipeline.tokenization import WordPieceTokenizer
-from pipeline.uniter_release.formats import UnsafeEntryError
+from pipeline.training.batching import collate_pretrain
+from pipeline.stores.import_uniter_db import run
+from pipeline.common.locking import stage_keys
+from pipeline.pretrain.datasets import PretrainDataset
+from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.stores.lmdb_store import ImageDb, ImageDbGroup, TextDb
+from pipeline.stores.text_db_builder import SNLI_LABELS
+from pipeline.stores.tokenization import WordPieceTokenizer
+from pipeline.stores.uniter_release.formats import UnsafeEntryError
 
 D, C1 = 8, 5  # feature dim, classes + background
 FEAT = "feat_th0.2_max100_min10"

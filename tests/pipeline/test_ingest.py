@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import load_params, to_dict
-from pipeline.configs.ingest import DATASETS
-from pipeline.ingest import SeenKeys, ingest_dataset, run
-from pipeline.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
+from pipeline.params.parser import load_params, to_dict
+from pipeline.params.ingest import DATASETS
+from pipeline.ingest.ingest import SeenKeys, ingest_dataset, run
+from pipeline.ingest.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "pipeline" / "sources"))
@@ -89,7 +89,7 @@ def test_outputs_are_deterministic_and_independent_of_chunking(tmp_path, params)
 
 
 def test_stage_runs_all_datasets_with_run_records_and_summaries(params, caplog):
-    with caplog.at_level(logging.INFO, logger="pipeline.ingest"):
+    with caplog.at_level(logging.INFO, logger="pipeline.ingest.ingest"):
         results = run(params)
     assert [r.dataset for r in results] == list(DATASETS)
     out = Path(params.paths.data) / "manifests"

@@ -19,11 +19,11 @@ import torch
 
 from model.bert_init import read_bert_state
 from model.weights_file import UnsafeCheckpointError
-from pipeline.detector.checkpoint import read_state
-from pipeline.manifest import ParquetStreamWriter, manifest_schema
-from pipeline.runinfo import RunRecord
-from pipeline.sources.records import MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records, load_json
-from pipeline.stores import DiskFullError, write_lmdb
+from pipeline.extract.detector.checkpoint import read_state
+from pipeline.ingest.manifest import ParquetStreamWriter, manifest_schema
+from pipeline.common.runinfo import RunRecord
+from pipeline.ingest.sources.records import MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records, load_json
+from pipeline.stores.lmdb_store import DiskFullError, write_lmdb
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "pipeline"))
@@ -174,7 +174,7 @@ def test_lmdb_on_a_full_disk_says_so_and_keeps_nothing(tiny_disk, records, durin
 
 
 def test_build_image_db_on_a_full_disk_names_the_db_and_leaves_no_output(tiny_disk, tmp_path):
-    from pipeline.image_dbs import build_image_db
+    from pipeline.stores.image_db_builder import build_image_db
 
     write_features(tmp_path / "features", "coco", [f"img{i:05d}" for i in range(2500)], seed=0, shard_size=500)
     out = tiny_disk / "db" / "img" / "coco"

@@ -1,4 +1,4 @@
-"""One writer per output (pipeline/locking.py): the stage lock itself, RunRecord refusing to vouch
+"""One writer per output (pipeline/common/locking.py): the stage lock itself, RunRecord refusing to vouch
 for missing outputs, and the issue's evidence: two concurrent ``build_dbs`` runs and two concurrent
 ``pretrain`` runs through the real CLI both exit 0 with complete outputs, identical to one run.
 
@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from dbs_synthetic import ROOT, built_world, params_for, write_world
-from pipeline.locking import (BUSY_EXIT, LAUNCHER_ENV, WAIT_ENV, LockBusy, lock_path, read_holder, sanitize,
+from pipeline.common.locking import (BUSY_EXIT, LAUNCHER_ENV, WAIT_ENV, LockBusy, lock_path, read_holder, sanitize,
                               stage_keys, stage_lock, stage_locks, wait_from_env)
-from pipeline.runinfo import RunRecord, file_digest
+from pipeline.common.runinfo import RunRecord, file_digest
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from pipeline.locking import stage_lock
+from pipeline.common.locking import stage_lock
 data, key, release = sys.argv[1:4]
 with stage_lock(data, key, stage="holder"):
     print("held", flush=True)
@@ -78,7 +78,7 @@ def test_a_second_writer_waits_until_the_first_releases_and_says_for_whom(holder
         release.touch()
 
     threading.Thread(target=release_later, daemon=True).start()
-    with caplog.at_level(logging.INFO, logger="pipeline.locking"):
+    with caplog.at_level(logging.INFO, logger="pipeline.common.locking"):
         with stage_lock(tmp_path / "data", "build_dbs", stage="build_dbs", poll=0.02, log_every=0.2) as path:
             got_at = time.monotonic()
             assert read_holder(path)["pid"] == os.getpid()  # the new holder recorded itself
@@ -162,8 +162,8 @@ def test_keys_are_sanitized_and_launched_ranks_take_no_lock(tmp_path, monkeypatc
 def test_lock_keys_follow_the_names_pretraining_writes():
     """locking mirrors two facts of the training code without importing torch: the output name of
     each pretraining stage and the launcher's environment."""
-    from pipeline.locking import PRETRAIN_OUTPUTS
-    from pipeline.pretrain import plan_stage
+    from pipeline.common.locking import PRETRAIN_OUTPUTS
+    from pipeline.pretrain.pretrain import plan_stage
     from pipeline.training.launch import LAUNCH_ENV
 
     assert tuple(LAUNCHER_ENV) == tuple(LAUNCH_ENV)
@@ -263,7 +263,7 @@ def test_two_concurrent_build_dbs_runs_both_finish_with_every_db(world, tmp_path
 
 @pytest.mark.slow
 def test_two_concurrent_pretrain_runs_write_one_set_of_metrics(world):
-    from pipeline.pretrain import run
+    from pipeline.pretrain.pretrain import run
 
     fast = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=1",
             "pretrain.log_every=1", "pretrain.num_workers=0", "pretrain.first_phase_steps=0", "pretrain.steps=4",

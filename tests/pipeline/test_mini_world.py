@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipeline.config import load_raw
-from pipeline.configs.world import SourcesConfig
+from pipeline.params.parser import load_raw
+from pipeline.params.world import SourcesConfig
 from pipeline.mini_world import generate, small_config
 from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE
-from pipeline.runinfo import tree_digest
+from pipeline.common.runinfo import tree_digest
 
 COLOURS = ("red", "green", "blue", "yellow", "purple")
 SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")

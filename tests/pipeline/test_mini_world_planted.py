@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline.configs.world import MiniWorldConfig
+from pipeline.params.world import MiniWorldConfig
 from pipeline.mini_world import generate, small_config
 from pipeline.mini_world.web import REFCOCO_ONLY, VQA_TEST_ONLY
 

@@ -1,4 +1,4 @@
-"""The pipeline removes or replaces only directories it created (pipeline/ownership.py).
+"""The pipeline removes or replaces only directories it created (pipeline/common/ownership.py).
 
 Every place that clears a directory is tried against a *decoy*: a folder with a file in it and no
 ownership marker, standing exactly where the stage would clear. The stage must stop with an error
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from dbs_synthetic import ROOT, built_world, params_for
-from pipeline.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
-from pipeline.runinfo import atomic_dir
+from pipeline.common.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
+from pipeline.common.runinfo import atomic_dir
 
 
 def decoy(path: Path) -> Path:
@@ -106,7 +106,7 @@ def test_checkpoints_of_another_run_are_removed_only_from_a_marked_root(tmp_path
 
 
 def test_stale_temporaries_go_only_when_they_are_the_pipelines(tmp_path):
-    from pipeline.build_dbs import remove_stale_temps
+    from pipeline.stores.build_dbs import remove_stale_temps
 
     final = tmp_path / "db"
     ours = claim_dir(tmp_path / ".db.abc.tmp", "build_dbs")
@@ -130,7 +130,7 @@ def world(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("where", ["checkpoints/pretrain", "models/pretrain", "metrics/pretrain"])
 def test_pretrain_refuses_a_foreign_directory_before_training(world, where):
-    from pipeline.pretrain import run
+    from pipeline.pretrain.pretrain import run
 
     target = decoy(world / where)
     try:
@@ -142,7 +142,7 @@ def test_pretrain_refuses_a_foreign_directory_before_training(world, where):
 
 
 def test_build_dbs_refuses_to_rebuild_over_a_foreign_db_directory(world):
-    from pipeline.build_dbs import run
+    from pipeline.stores.build_dbs import run
 
     db = next(p for p in sorted((world / "db" / "txt").iterdir()) if p.is_dir())
     moved = db.with_name(db.name + ".built")
@@ -158,7 +158,7 @@ def test_build_dbs_refuses_to_rebuild_over_a_foreign_db_directory(world):
 
 
 def test_finetune_refuses_a_foreign_work_directory(world):
-    from pipeline.finetune import run
+    from pipeline.finetune.finetune import run
 
     target = decoy(world / "checkpoints" / "finetune" / "vqa")
     try:
@@ -170,7 +170,7 @@ def test_finetune_refuses_a_foreign_work_directory(world):
 
 
 def test_extract_refuses_to_prune_shards_in_a_foreign_directory(tmp_path):
-    from pipeline.regions import run
+    from pipeline.extract.extract import run
 
     target = decoy(tmp_path / "data" / "features" / "coco")
     (target / "shard-00007.safetensors").write_bytes(b"not ours")  # what pruning would delete
@@ -189,7 +189,7 @@ def test_mini_world_refuses_to_replace_a_foreign_out_dir(tmp_path):
 
 
 def test_train_detector_refuses_a_foreign_model_directory_before_training(tmp_path):
-    from pipeline.detector_train import run
+    from pipeline.extract.train_detector import run
 
     target = decoy(tmp_path / "data" / "models" / "detector")
     with pytest.raises(ForeignDirectoryError, match=str(target)):
@@ -198,7 +198,7 @@ def test_train_detector_refuses_a_foreign_model_directory_before_training(tmp_pa
 
 
 def test_plots_refuse_to_replace_a_foreign_report_directory(tmp_path):
-    from pipeline.plots import run
+    from pipeline.report.plots import run
 
     target = decoy(tmp_path / "data" / "reports" / "plots")
     with pytest.raises(ForeignDirectoryError, match=str(target)):

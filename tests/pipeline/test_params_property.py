@@ -20,8 +20,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ParamsError, load_raw, parse_params
-from pipeline.configs.pretrain import FIRST_STAGE_TASKS
+from pipeline.params.parser import ParamsError, load_raw, parse_params
+from pipeline.params.pretrain import FIRST_STAGE_TASKS
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = load_raw(REPO / "params.yaml")
@@ -80,10 +80,11 @@ def _blames(message: str, key: str) -> bool:
 
 def _pre_work_checks(params) -> None:
     """What the stages run on params before they do any work (no files are read)."""
-    from pipeline import finetune, pretrain
-    from pipeline.detector.selection import num_kept
-    from pipeline.phash import near_duplicate_pairs
-    from pipeline.regions import targets
+    from pipeline.finetune import finetune
+    from pipeline.pretrain import pretrain
+    from pipeline.extract.detector.selection import num_kept
+    from pipeline.decontam.phash import near_duplicate_pairs
+    from pipeline.extract.extract import targets
     from pipeline.training.engine import EngineSettings, deepspeed_config, warmup_linear_decay
 
     for stage in ("pretrain", "pretrain_masking", "pretrain_vcr"):

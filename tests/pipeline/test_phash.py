@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.phash import PhashCache, near_duplicate_pairs, phash_file
+from pipeline.decontam.phash import PhashCache, near_duplicate_pairs, phash_file
 
 
 def _brute_force(query: np.ndarray, ref: np.ndarray, k: int) -> set[tuple[int, int]]:
@@ -72,7 +72,7 @@ def test_cache_reuses_hashes_and_notices_changed_files(tmp_path, monkeypatch):
     assert first[:3] == [phash_file(p) for p in paths] and first[3] is None
 
     calls = []
-    monkeypatch.setattr("pipeline.phash.phash_file", lambda p: calls.append(p) or 7)
+    monkeypatch.setattr("pipeline.decontam.phash.phash_file", lambda p: calls.append(p) or 7)
     reloaded = PhashCache(cache_file)
     assert reloaded.hashes(paths) == first[:3] and calls == []  # all from the cache
     Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(paths[1])  # new size

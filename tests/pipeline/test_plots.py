@@ -1,4 +1,4 @@
-"""pipeline.plots on series written by dvclive itself: values read back exactly, one SVG+PNG per
+"""pipeline.report.plots on series written by dvclive itself: values read back exactly, one SVG+PNG per
 metric with train and val together, byte-identical re-renders, clear errors on bad files."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.plots import collect, read_series, render_all
+from pipeline.report.plots import collect, read_series, render_all
 
 
 def write_dvclive(directory: Path, steps: int) -> dict[str, list[float]]:

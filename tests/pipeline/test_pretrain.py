@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from dbs_synthetic import ROOT, built_world, params_for
-from pipeline.ownership import OWNER_FILE
-from pipeline.runinfo import file_digest
+from pipeline.common.ownership import OWNER_FILE
+from pipeline.common.runinfo import file_digest
 
 FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
         "pretrain.log_every=1", "pretrain.optim.lr=0.005", "pretrain.optim.warmup_steps=2", "pretrain.num_workers=0",
@@ -39,18 +39,18 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def first_stage(data) -> Path:
-    from pipeline.pretrain import run
+    from pipeline.pretrain.pretrain import run
 
     run(params_for(data, *FAST, "pretrain.steps=16", "pretrain.val_every=8", "pretrain.checkpoint_every=5"))
     return data / "models" / "pretrain"
 
 
 def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
-    from pipeline.pretrain import plan_stage
-    from pipeline.training.data import held_out_batches, open_sources
+    from pipeline.pretrain.pretrain import plan_stage
+    from pipeline.pretrain.inputs import held_out_batches, open_sources
     from pipeline.training.engine import autocast_forward, resolve_precision
     from pipeline.training.metrics import evaluate
-    from pipeline.training.model_io import model_from_export
+    from pipeline.pretrain.model_io import model_from_export
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=16")
@@ -102,9 +102,9 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
 
 
 def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
-    from pipeline.pretrain import run_vcr
-    from pipeline.stores import TextDb
-    from pipeline.training.vcr_views import GoldAnswerView, GoldRationaleView
+    from pipeline.pretrain.pretrain import run_vcr
+    from pipeline.stores.lmdb_store import TextDb
+    from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
 
     run_vcr(params_for(data, *FAST, "pretrain.vcr.steps=6", "pretrain.val_every=0", "pretrain.checkpoint_every=0"))
     out = data / "models" / "pretrain_vcr"
@@ -129,7 +129,7 @@ def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
 
 
 def test_masking_ablation_is_the_first_stage_with_the_other_masking(data, first_stage):
-    from pipeline.pretrain import run_masking_ablation
+    from pipeline.pretrain.pretrain import run_masking_ablation
 
     run_masking_ablation(params_for(data, *FAST, "pretrain.steps=16", "pretrain.val_every=8",
                                     "pretrain.checkpoint_every=5"))
@@ -147,7 +147,7 @@ def test_masking_ablation_is_the_first_stage_with_the_other_masking(data, first_
 
 
 def test_first_phase_runs_its_own_mix_first(data, tmp_path):
-    from pipeline.pretrain import run
+    from pipeline.pretrain.pretrain import run
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=6", "pretrain.first_phase_steps=4", "pretrain.val_every=0",
@@ -165,7 +165,7 @@ def test_first_phase_runs_its_own_mix_first(data, tmp_path):
 
 
 def test_first_phase_never_adds_a_task_the_mix_has_off(data):
-    from pipeline.pretrain import run
+    from pipeline.pretrain.pretrain import run
 
     run(params_for(data, *FAST, "pretrain.steps=4", "pretrain.first_phase_steps=2", "pretrain.val_every=0",
                    "pretrain.checkpoint_every=0", "pretrain.out_name=mlm_only", "pretrain.mix_ratio={mlm: 1.0}"))
@@ -174,7 +174,7 @@ def test_first_phase_never_adds_a_task_the_mix_has_off(data):
 
 
 def test_bad_params_are_named(data):
-    from pipeline.pretrain import run, run_vcr
+    from pipeline.pretrain.pretrain import run, run_vcr
 
     with pytest.raises(ValueError, match=r"pretrain.mix_ratio: task\(s\) \['mlmm'\]"):
         run(params_for(data, *FAST, "pretrain.mix_ratio={mlmm: 1.0}"))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dbs_synthetic import built_world
-from pipeline.batching import TokenBucketSampler, collate_pretrain
-from pipeline.pretrain_data import PretrainDataset, open_pretrain_dataset, pretrain_loader
+from pipeline.training.batching import TokenBucketSampler, collate_pretrain
+from pipeline.pretrain.datasets import PretrainDataset, open_pretrain_dataset, pretrain_loader
 
 CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
 

@@ -1,4 +1,4 @@
-"""pipeline.progress: a tqdm bar on a terminal; elsewhere a log line at most every interval, and one at the end."""
+"""pipeline.common.progress: a tqdm bar on a terminal; elsewhere a log line at most every interval, and one at the end."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import select
 import pytest
 from tqdm import tqdm
 
-from pipeline.progress import ENV, LineProgress, choose_mode, format_duration, track
+from pipeline.common.progress import ENV, LineProgress, choose_mode, format_duration, track
 
 
 class FakeClock:

@@ -1,13 +1,13 @@
 """pretrain.recipe: the defaults it gives the keys it governs, explicit keys overriding it, and the
-departures a run records (configs/pretrain.py RECIPE_DEFAULTS, apply_recipe)."""
+departures a run records (pipeline/params/pretrain.py RECIPE_DEFAULTS, apply_recipe)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ParamsError, load_params
-from pipeline.configs.model import ModelConfig
-from pipeline.configs.pretrain import RECIPE_DEFAULTS, RECIPES, PretrainConfig, recipe_default
+from pipeline.params.parser import ParamsError, load_params
+from pipeline.params.model import ModelConfig
+from pipeline.params.pretrain import RECIPE_DEFAULTS, RECIPES, PretrainConfig, recipe_default
 
 # UNITER's own values, read off its code and configs (docs/fidelity.md), written out here once more
 # so that a change of the recipe table has to be a deliberate change of this test too
@@ -46,7 +46,7 @@ def test_dataclass_defaults_are_the_default_recipe():
 
 
 def test_explicit_keys_override_the_recipe_and_are_recorded():
-    from pipeline.pretrain import recipe_departures
+    from pipeline.pretrain.pretrain import recipe_departures
 
     params = load_params(overrides=["pretrain.recipe=uniter", "pretrain.first_phase_steps=100",
                                     "pretrain.optim.grad_clip=2.0"], check_paths=False)

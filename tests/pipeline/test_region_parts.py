@@ -17,10 +17,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from extract_world import copy_manifests, feature_files, params_for, write_world  # noqa: E402
 
-from pipeline.detector.runner import plan_shards  # noqa: E402
-from pipeline.image_dbs import build_image_db  # noqa: E402
-from pipeline.region_parts import PART_FILE, Part, part_dir, part_of, shard_range, split_item  # noqa: E402
-from pipeline.regions import make_settings, run, select  # noqa: E402
+from pipeline.extract.detector.runner import plan_shards  # noqa: E402
+from pipeline.stores.image_db_builder import build_image_db  # noqa: E402
+from pipeline.extract.parts import PART_FILE, Part, part_dir, part_of, shard_range, split_item  # noqa: E402
+from pipeline.extract.extract import make_settings, run, select  # noqa: E402
 
 DB_FILES = ("data.mdb", "nbb.json", "meta.json")
 
@@ -80,7 +80,7 @@ def test_three_parts_merge_to_the_bytes_of_one_task(world, tmp_path, monkeypatch
     def no_detector(*args, **kwargs):
         raise AssertionError("the merge loaded the detector")
 
-    monkeypatch.setattr("pipeline.detector.build.load_detector", no_detector)
+    monkeypatch.setattr("pipeline.extract.detector.build.load_detector", no_detector)
     # the merge host may see no GPU (or another one): it plans with the device the parts recorded
     run(params_for(data, world["weights"], "extract.parts=3", "extract.device=cuda"), "coco")
     for name in ("coco", "coco_gt"):

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from extract_world import SCENE_IDS, copy_manifests, feature_files, params_for, write_world  # noqa: E402
 from scene_kit import DECODABLE, REJECTED  # noqa: E402
 
-from pipeline.detector.runner import STOP_ENV, ExtractionInterrupted  # noqa: E402
-from pipeline.detector.shards import read_shard  # noqa: E402
-from pipeline.regions import detected_items, run  # noqa: E402
+from pipeline.extract.detector.runner import STOP_ENV, ExtractionInterrupted  # noqa: E402
+from pipeline.extract.detector.shards import read_shard  # noqa: E402
+from pipeline.extract.extract import detected_items, run  # noqa: E402
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline import reports_cli
-from pipeline.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.report import cli as report_cli
+from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def data_dir(tmp_path) -> Path:
 
 def _run(*argv: str) -> tuple[int, str]:
     buf = io.StringIO()
-    code = reports_cli.main(list(argv), console=Console(file=buf, width=160, color_system=None))
+    code = report_cli.main(list(argv), console=Console(file=buf, width=160, color_system=None))
     return code, buf.getvalue()
 
 

@@ -36,7 +36,7 @@ def write_metrics(data: Path, *records: dict) -> None:
 
 
 def test_rows_and_meta_sum_by_hand():
-    from pipeline.results import summarize
+    from pipeline.report.results import summarize
 
     out = summarize({"vqa": VQA, "retrieval_flickr": RETRIEVAL})
     assert [(r["task"], r["metric"], r["split"]) for r in out["rows"]] == [
@@ -50,7 +50,7 @@ def test_rows_and_meta_sum_by_hand():
 
 
 def test_stage_writes_markdown_and_json_deterministically(tmp_path):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     data = tmp_path / "data"
     write_metrics(data, VQA, RETRIEVAL)
@@ -74,7 +74,7 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
 
 
 def test_results_md_points_to_the_ablations_pipeline_and_ignores_an_ablation_run(tmp_path):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     data = tmp_path / "data"
     write_metrics(data, VQA)
@@ -84,13 +84,13 @@ def test_results_md_points_to_the_ablations_pipeline_and_ignores_an_ablation_run
     results = run(params_for(data, "finetune.tasks=[vqa]"))
     md = (data / "reports" / "results.md").read_text()
     assert "tasks: itm 2, mlm 2 (steps 1-30: itm 1)." in md
-    # the masking ablation is a pipeline of its own (pipeline.ablations), not a section of results.md
+    # the masking ablation is a pipeline of its own (pipeline.report.ablations), not a section of results.md
     assert "masking_ablation" not in results and "## Masking ablation" not in md
     assert "`dvc repro ablations/dvc.yaml`" in md
 
 
 def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     data = tmp_path / "data"
     # the reference levels of the dev split are in the record too; the row takes the test split's
@@ -125,7 +125,7 @@ def test_reference_levels_sit_beside_the_rows_they_bound(tmp_path):
 def test_a_task_without_test_labels_reports_dev_and_the_row_says_so(tmp_path):
     """VQA on real data: no evaluation-server answers, so its summary is val; the table marks the row
     and says why, and where the test predictions are."""
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     data = tmp_path / "data"
     vqa_dev = {**VQA, "summary": {"val/accuracy": {**VQA["summary"]["test/accuracy"], "label": "VQA val acc",
@@ -143,7 +143,7 @@ def test_a_task_without_test_labels_reports_dev_and_the_row_says_so(tmp_path):
 
 def test_dev_rows_of_tasks_whose_dev_images_stayed_in_pretraining_are_marked(tmp_path):
     """decontaminate.keep_dev_in_pretraining: [vqa] (UNITER's data) with no VQA test labels."""
-    from pipeline.results import SEEN_MARK, run
+    from pipeline.report.results import SEEN_MARK, run
 
     data = tmp_path / "data"
     vqa_dev = {**VQA, "summary": {"val/accuracy": {**VQA["summary"]["test/accuracy"], "label": "VQA val acc",
@@ -161,7 +161,7 @@ def test_dev_rows_of_tasks_whose_dev_images_stayed_in_pretraining_are_marked(tmp
 
 
 def test_missing_task_metrics_name_the_stage(tmp_path):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     write_metrics(tmp_path / "data", VQA)
     with pytest.raises(FileNotFoundError, match=r"nlvr2\.json not found: run `python -m pipeline finetune nlvr2`"):
@@ -169,7 +169,7 @@ def test_missing_task_metrics_name_the_stage(tmp_path):
 
 
 def _report(argv: list[str]) -> tuple[int, str]:
-    from pipeline.reports_cli import main
+    from pipeline.report.cli import main
 
     buf = io.StringIO()
     code = main(["results", *argv], console=Console(file=buf, width=200))
@@ -177,7 +177,7 @@ def _report(argv: list[str]) -> tuple[int, str]:
 
 
 def test_report_results_table(tmp_path):
-    from pipeline.results import run
+    from pipeline.report.results import run
 
     data = tmp_path / "data"
     code, out = _report(["--dir", str(data)])
@@ -212,7 +212,7 @@ EXP_SHOW = [
 
 
 def test_experiments_side_by_side(tmp_path, monkeypatch):
-    from pipeline.results_cli import experiments, side_by_side
+    from pipeline.report.results_cli import experiments, side_by_side
 
     monkeypatch.setenv("UNITER_RUNS_DIR", str(tmp_path / "no_runs"))  # no Airflow run columns here
 
@@ -258,7 +258,7 @@ def test_real_dvc_exp_show_is_parsed(tmp_path):
     cwd = os.getcwd()
     os.chdir(repo)
     try:
-        from pipeline.results_cli import dvc_exp_show, experiments, side_by_side
+        from pipeline.report.results_cli import dvc_exp_show, experiments, side_by_side
 
         exps = experiments(dvc_exp_show())
     finally:
@@ -275,7 +275,7 @@ def test_airflow_runs_sit_beside_the_experiments(tmp_path, monkeypatch):
     params that only locate a run's files never count as a difference."""
     import yaml
 
-    from pipeline.results_cli import airflow_runs, experiments, side_by_side
+    from pipeline.report.results_cli import airflow_runs, experiments, side_by_side
 
     runs = tmp_path / "runs"
     for name, masking, meta_sum in (("abl-joint", "joint", 390.25), ("pending", "conditional", None)):

@@ -8,9 +8,9 @@ import statistics
 import pytest
 from rich.console import Console
 
-from pipeline.reports_cli import main
-from pipeline.results_cli import ResultsError, experiments
-from pipeline.seed_spread import check_only_seed_differs, spread_rows
+from pipeline.report.cli import main
+from pipeline.report.results_cli import ResultsError, experiments
+from pipeline.report.seed_spread import check_only_seed_differs, spread_rows
 
 SCORES = {"ft-seed1": (70.0, 60.0), "ft-seed2": (74.0, 61.0), "ft-seed3": (69.0, 63.5)}
 

@@ -9,9 +9,9 @@ import pickle
 import numpy as np
 import pytest
 
-from pipeline.ownership import OWNER_FILE
-from pipeline.runinfo import atomic_dir
-from pipeline.stores import LmdbReader, LmdbWriter, decode_value, encode_value, write_lmdb
+from pipeline.common.ownership import OWNER_FILE
+from pipeline.common.runinfo import atomic_dir
+from pipeline.stores.lmdb_store import LmdbReader, LmdbWriter, decode_value, encode_value, write_lmdb
 
 
 def sample_record(rng: np.random.Generator, n: int) -> dict:

@@ -1,6 +1,6 @@
 """URL canonicalization and Flickr photo ids: examples, RFC 3986 references, and properties.
 
-The vectorized twin (pipeline/url_vec.py) is checked against the scalar functions on the same
+The vectorized twin (pipeline/decontam/url_vec.py) is checked against the scalar functions on the same
 inputs, so the stage and the benchmark can rely on identical keys.
 """
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.url_vec import canonical_urls, flickr_photo_ids_from_canonical, url_keys
-from pipeline.urls import (
+from pipeline.decontam.url_vec import canonical_urls, flickr_photo_ids_from_canonical, url_keys
+from pipeline.decontam.urls import (
     canonical_url,
     flickr_photo_id,
     flickr_photo_id_from_url,

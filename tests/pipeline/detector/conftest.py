@@ -11,8 +11,8 @@ from scene_kit import CLASS_NAMES, scene_images
 @pytest.fixture(scope="module")
 def mini_detector():
     """A random ``mini`` detector (64-px scale) whose norms are calibrated on a rendered scene."""
-    from pipeline.detector.build import Detector, build_model, calibrate_norms
-    from pipeline.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.build import Detector, build_model, calibrate_norms
+    from pipeline.extract.detector.extractor import RegionExtractor
 
     torch.manual_seed(0)
     model, cfg = build_model("mini", num_classes=len(CLASS_NAMES), image_size=64)

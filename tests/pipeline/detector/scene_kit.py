@@ -73,8 +73,8 @@ def write_coco_world(root: Path, *, n_images: int, size: int = 64, seed: int = 0
 def save_mini_checkpoint(path: Path, *, image_size: int = 64, seed: int = 0) -> Path:
     """A randomly initialized ``mini`` detector, norms calibrated on a rendered scene, saved the way
     ``train_detector`` saves one."""
-    from pipeline.detector.build import Detector, build_model, calibrate_norms
-    from pipeline.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.build import Detector, build_model, calibrate_norms
+    from pipeline.extract.detector.extractor import RegionExtractor
 
     torch.manual_seed(seed)
     model, cfg = build_model("mini", num_classes=len(CLASS_NAMES), image_size=image_size)

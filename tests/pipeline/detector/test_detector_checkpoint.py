@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from scene_kit import scene_images
-from pipeline.detector.build import Detector, build_model, calibrate_norms, load_detector
-from pipeline.detector.checkpoint import CheckpointError, load_weights, read_state, save_caffe_layout
-from pipeline.detector.extractor import RegionExtractor
+from pipeline.extract.detector.build import Detector, build_model, calibrate_norms, load_detector
+from pipeline.extract.detector.checkpoint import CheckpointError, load_weights, read_state, save_caffe_layout
+from pipeline.extract.detector.extractor import RegionExtractor
 
 TEST_SIZE = (96, 160)  # small test scale keeps the R101 forward passes short on CPU
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline.detector.build import build_model
-from pipeline.detector.modeling import CaffeMaxPoolStem
-from pipeline.detector.presets import inference_settings, make_cfg
+from pipeline.extract.detector.build import build_model
+from pipeline.extract.detector.modeling import CaffeMaxPoolStem
+from pipeline.extract.detector.presets import inference_settings, make_cfg
 
 
 def test_butd_r101_settings():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from pipeline.detector.extractor import Regions
-from pipeline.detector.shards import encode_safetensors, encode_shard, read_shard
+from pipeline.extract.detector.extractor import Regions
+from pipeline.extract.detector.shards import encode_safetensors, encode_shard, read_shard
 
 
 def _regions(n: int, seed: int, hw=(30, 40)) -> Regions:

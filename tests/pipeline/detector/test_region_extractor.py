@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scene_kit import scene_images
-from pipeline.detector.extractor import RegionExtractor, normalized_boxes
+from pipeline.extract.detector.extractor import RegionExtractor, normalized_boxes
 
 
 def test_detected_mode_shapes_dtypes_and_keep_rule(mini_detector):

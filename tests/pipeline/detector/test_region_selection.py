@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.detector.selection import num_kept, select_regions
+from pipeline.extract.detector.selection import num_kept, select_regions
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:

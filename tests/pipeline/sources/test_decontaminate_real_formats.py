@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import decontaminate, ingest
-from pipeline.config import load_params
+from pipeline.decontam import decontaminate
+from pipeline.ingest import ingest
+from pipeline.params.parser import load_params
 
 REPO = Path(__file__).resolve().parents[3]
 PID = {11: 5000000011, 12: 5000000012, 13: 5000000013}  # Flickr photo ids of the COCO train2014 images

@@ -107,7 +107,7 @@ def test_flickr30k(fixture_params):
 def test_coco_image_info_test(fixture_params, caplog):
     """image_info_test2015.json (no captions, no flickr_url): the test images' URLs for decontamination;
     entries without a usable coco_url are skipped and named."""
-    from pipeline.sources.coco import read_image_info
+    from pipeline.ingest.sources.coco import read_image_info
 
     table = read_image_info(fixture_params.sources.coco.image_info_test)
     assert table.column_names == ["image_source", "image_id", "url", "flickr_url"]

@@ -1,4 +1,4 @@
-"""CC/SBU images in img2dataset's layout (pipeline/sources/web_images.py) on the hand-written fixtures:
+"""CC/SBU images in img2dataset's layout (pipeline/ingest/sources/web_images.py) on the hand-written fixtures:
 the fixture images are laid out as img2dataset's ``files`` output (shard tables in its schema, the one
 tests/pipeline/test_download.py checks against a real img2dataset run) and ingested again."""
 
@@ -15,8 +15,8 @@ import pytest
 from source_fixtures import fates, ingest
 
 from pipeline.mini_world.shards import SHARD_SCHEMA
-from pipeline.sources import web_images
-from pipeline.sources.web_images import ShardIndex, url_key
+from pipeline.ingest.sources import web_images
+from pipeline.ingest.sources.web_images import ShardIndex, url_key
 
 NOT_FOUND = "HTTP Error 404: Not Found"
 

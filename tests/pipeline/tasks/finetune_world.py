@@ -4,7 +4,7 @@ By default the VQA and VCR test splits are labelled, as the mini world's evaluat
 them; ``world(..., test_labels=False)`` builds the real-data case, where they are not.
 
 The exports (``data/models/pretrain`` and ``pretrain_vcr``) are real ``UniterForPretraining``
-weights in the format the pretraining stages write (``pipeline.training.model_io``), with the tiny
+weights in the format the pretraining stages write (``pipeline.pretrain.model_io``), with the tiny
 preset; their values are from a seeded initialization, not a pretraining run (the pretraining
 stage has its own tests), which keeps this world fast to build. Built once per test session.
 """
@@ -42,10 +42,10 @@ def ft_params(data: Path, *overrides: str):
 
 def write_export(data: Path, name: str, *, seed: int) -> Path:
     """``data/models/<name>/``: a tiny UniterForPretraining as the pretraining stages export it."""
-    from pipeline.runinfo import atomic_write_json
-    from pipeline.stores import ImageDbGroup, TextDb
+    from pipeline.common.runinfo import atomic_write_json
+    from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
     from pipeline.training.checkpointing import save_safetensors
-    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, build_model, model_json, spec_from_params
+    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, build_model, model_json, spec_from_params
 
     params = ft_params(data)
     txt = TextDb(data / "db" / "txt" / "vcr_qa_train")
@@ -63,7 +63,7 @@ def write_export(data: Path, name: str, *, seed: int) -> Path:
 
 def build(root: Path, *, test_labels: bool = True) -> Path:
     """Synthetic manifests and features -> the real build_dbs stage -> two exports, under ``root/data``."""
-    from pipeline.build_dbs import run as build_dbs
+    from pipeline.stores.build_dbs import run as build_dbs
 
     data = root / "data"
     write_world(data, test_labels=test_labels)

@@ -11,9 +11,9 @@ from torch import nn
 
 from finetune_world import budget, ft_params, world
 from model.tasks import TaskOutput
-from pipeline.stores import TextDb, encode_value, write_lmdb
-from pipeline.tasks import task_class
-from pipeline.tasks.base import TaskContext
+from pipeline.stores.lmdb_store import TextDb, encode_value, write_lmdb
+from pipeline.finetune.tasks import task_class
+from pipeline.finetune.tasks.base import TaskContext
 
 TASKS = ("nlvr2", "snli_ve")
 

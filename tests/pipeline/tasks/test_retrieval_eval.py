@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.tasks.retrieval_eval import chance_recall, recall_at_k, streaming_topk
+from pipeline.finetune.tasks.retrieval_eval import chance_recall, recall_at_k, streaming_topk
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,7 +57,7 @@ def test_chance_recall_by_hand():
 
 _MEMORY_PROBE = """
 import json, resource, sys, torch
-from pipeline.tasks.retrieval_eval import streaming_topk
+from pipeline.finetune.tasks.retrieval_eval import streaming_topk
 torch.manual_seed(0)
 n = int(sys.argv[1])
 t_emb, i_emb = torch.randn(n, 8), torch.randn(n, 8)
@@ -81,7 +81,7 @@ def test_memory_stays_far_below_the_score_matrix():
 
 
 def test_rank_keys_order_scores_then_lower_ids():
-    from pipeline.tasks.retrieval_eval import key_ids, rank_keys
+    from pipeline.finetune.tasks.retrieval_eval import key_ids, rank_keys
 
     scores = torch.tensor([[-2.5, 0.0, -0.0, 3.0, -1e-30, float("-inf"), 3.0, 1e-30]])
     ids = torch.arange(8)[None]

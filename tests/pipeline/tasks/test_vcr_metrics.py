@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.tasks.vcr import vcr_accuracies
+from pipeline.finetune.tasks.vcr import vcr_accuracies
 
 
 def test_q2ar_needs_both_right_on_the_questions_scored_for_both():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.tasks.vqa_eval import (CONTRACTIONS, evaluate_predictions, normalize_prediction, process_punctuation,
+from pipeline.finetune.tasks.vqa_eval import (CONTRACTIONS, evaluate_predictions, normalize_prediction, process_punctuation,
                                      question_accuracy, submission)
-from pipeline.vqa_answers import answer_score
+from pipeline.stores.vqa_answers import answer_score
 
 
 @pytest.mark.parametrize("raw, expected", [

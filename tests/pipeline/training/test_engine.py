@@ -54,7 +54,7 @@ def test_extra_deepspeed_config_is_merged_over_the_generated_one():
 
 
 def test_pretrain_deepspeed_refuses_what_params_own_and_unknown_sections(tmp_path):
-    from pipeline.config import ParamsError, load_params
+    from pipeline.params.parser import ParamsError, load_params
 
     repo = __import__("pathlib").Path(__file__).resolve().parents[3]
     ok = load_params(repo / "params.yaml", ["pretrain.deepspeed={activation_checkpointing: {partition_activations: true}}"])

@@ -1,0 +1,95 @@
+"""Ownership markers: the pipeline removes or replaces only directories that it created.
+
+Every directory a stage may later clear (checkpoint roots, work directories, output directories
+that are replaced whole, feature directories whose stale shards are pruned, dvclive directories)
+carries an :data:`OWNER_FILE` written by the stage that created it: ``{"stage": ..., "params_digest":
+...}``. Before removing or replacing a directory, a stage calls :func:`check_owned` (through
+:func:`remove_owned` or :func:`claim_dir`): a non-empty directory without the marker is never
+touched; the stage stops with :class:`ForeignDirectoryError` naming it. An empty directory holds
+nothing to lose and may be taken over.
+
+Why a marker and not only a check of the path: ``paths.data`` may point anywhere by design, so a
+path inside the data directory can still be someone's own folder (``paths.data: ~`` by mistake).
+The marker is the one fact that says "this pipeline wrote it".
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+OWNER_FILE = ".uniter-owner.json"
+
+
+class ForeignDirectoryError(RuntimeError):
+    """A stage was about to remove or replace a directory that the pipeline did not create."""
+
+    def __init__(self, path: Path, action: str) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"refusing to {action} {self.path}: it is not empty and has no {OWNER_FILE} marker, so this pipeline "
+            f"did not create it. Move it away, or point the stage elsewhere (paths.data, pretrain.out_name)")
+
+
+def is_owned(path: Path | str) -> bool:
+    """True when ``path`` is a directory carrying the pipeline's ownership marker."""
+    return (Path(path) / OWNER_FILE).is_file()
+
+
+def check_owned(path: Path | str, action: str = "remove") -> None:
+    """Raise :class:`ForeignDirectoryError` unless ``path`` is absent, empty, or carries the marker.
+
+    A path that exists but is not a directory (a file, a link) is never the pipeline's directory.
+    """
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise ForeignDirectoryError(path, action)
+    if path.is_dir() and not is_owned(path) and any(path.iterdir()):
+        raise ForeignDirectoryError(path, action)
+
+
+def write_marker(path: Path | str, stage: str, params_digest: str | None = None) -> None:
+    """Write the marker into the existing directory ``path`` (deterministic bytes: no time, no pid)."""
+    from pipeline.common.runinfo import atomic_write_json
+
+    owner: dict[str, Any] = {"stage": stage}
+    if params_digest is not None:
+        owner["params_digest"] = params_digest
+    atomic_write_json(Path(path) / OWNER_FILE, owner)
+
+
+def claim_dir(path: Path | str, stage: str, params_digest: str | None = None) -> Path:
+    """Create ``path`` (with parents) as a directory this pipeline may later clear, and return it.
+
+    An existing directory must be empty or already marked (else :class:`ForeignDirectoryError`,
+    raised before the stage does any work there). The marker is (re)written with ``stage``.
+    """
+    path = Path(path)
+    check_owned(path, action="write into and later clear")
+    path.mkdir(parents=True, exist_ok=True)
+    write_marker(path, stage, params_digest)
+    return path
+
+
+def remove_owned(path: Path | str) -> None:
+    """Remove the directory ``path`` if the pipeline owns it; nothing to do when it is absent.
+
+    Raises :class:`ForeignDirectoryError` (and removes nothing) for an unmarked non-empty directory.
+    """
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    check_owned(path, action="remove")
+    shutil.rmtree(path)
+
+
+def preflight(*paths: Path | str) -> None:
+    """Check, before a stage does any work, every directory it will later clear or replace.
+
+    The same checks run again at the moment of removal; this call only makes a foreign directory
+    stop the stage at once instead of after minutes of training.
+    """
+    for path in paths:
+        check_owned(path, action="clear or replace")

@@ -1,0 +1,222 @@
+"""Run records, digests, atomic writes and completion markers shared by every stage.
+
+Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
+digests, code version, counts, wall time. Writers go through :func:`atomic_write_bytes` /
+:func:`atomic_dir` so a killed stage never leaves a half-written file at its final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+RUN_FILE = "_run.json"
+DONE_SUFFIX = ".done"
+
+
+def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
+    """sha256 hex of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_digest(path: Path | str) -> str:
+    """sha256 over (relative path, file digest) of every file below ``path``, in sorted order.
+
+    Run records (``_run.json``, ``<name>._run.json``) are skipped: they hold wall times and would
+    make digests unstable.
+    """
+    root = Path(path)
+    if root.is_file():
+        return file_digest(root)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file() and not is_run_record(q)):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(file_digest(p).encode())
+    return h.hexdigest()
+
+
+def is_run_record(path: Path) -> bool:
+    """True for ``_run.json``-style records (wall times inside), which digests must ignore."""
+    return path.name.startswith("_run") or path.name.endswith("._run.json")
+
+
+def code_version() -> str:
+    """The git commit of the working tree (``+dirty`` when it has changes), or ``unknown``."""
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What computed the numbers: CPU model and count, and, when the stage loaded torch, its CPU
+    kernel level and the GPU. CPU kernels differ between CPU models, so results are byte-identical
+    only between runs on the same kind of machine (docs/experiments.md)."""
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    torch = sys.modules.get("torch")  # never imported for this: light stages stay light
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        with contextlib.suppress(Exception):
+            info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            info["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
+    return info
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        chmod_as_open(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:
+    """Deterministic JSON (sorted keys, trailing newline) written atomically."""
+    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
+
+    The temporary directory carries ``stage``'s ownership marker from the start, so the result
+    does too, and so does what a killed build leaves behind (which a later run may then clear).
+    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
+    :class:`~pipeline.common.ownership.ForeignDirectoryError` is raised before any work, and again at the
+    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
+    """
+    from pipeline.common.ownership import check_owned, write_marker
+
+    final = Path(final)
+    check_owned(final, action="replace")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+    try:
+        write_marker(tmp, stage)
+        yield tmp
+        check_owned(final, action="replace")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
+    """Leave a completion marker ``<path>.done`` (JSON) after ``path`` was fully written."""
+    atomic_write_json(Path(str(path) + DONE_SUFFIX), dict(info or {}))
+
+
+def is_done(path: Path | str) -> bool:
+    return Path(str(path) + DONE_SUFFIX).exists() and Path(path).exists()
+
+
+class RunRecord:
+    """Collects what a stage did and writes ``_run.json`` into its output directory.
+
+    >>> rec = RunRecord("ingest@coco", params.section_digest("sources", "ingest"))
+    >>> rec.inputs["captions"] = path; rec.counts["rows"] = 10
+    >>> rec.write(out_dir)
+
+    ``extra["outputs"]`` (name -> path, relative paths from the working directory) lists outputs
+    written outside ``out_dir``; :meth:`write` refuses to record a run whose listed output (or a
+    path of its ``require``) is missing.
+    """
+
+    def __init__(self, stage: str, params_digest: str) -> None:
+        self.stage = stage
+        self.params_digest = params_digest
+        self.inputs: dict[str, Path | str] = {}
+        self.counts: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        self._start = time.time()
+
+    def write(self, out_dir: Path | str, name: str = RUN_FILE, *, require: Iterable[Path | str] = ()) -> dict[str, Any]:
+        """Write the record as ``out_dir/name`` (atomically) and return it.
+
+        ``require``: more paths that must exist (checked, not recorded). Raises RuntimeError naming
+        the missing paths of ``extra["outputs"]`` and ``require`` before writing anything: a
+        ``_run.json`` says the stage finished, so it must never stand beside missing outputs.
+        """
+        self.check_outputs(Path(out_dir) / name, require)
+        record = {
+            "stage": self.stage,
+            "params_digest": self.params_digest,
+            "input_digests": {k: tree_digest(v) if Path(v).exists() else None for k, v in sorted(self.inputs.items())},
+            "code_version": code_version(),
+            "machine": machine(),
+            "counts": self.counts,
+            "wall_time_s": round(time.time() - self._start, 3),
+            **self.extra,
+        }
+        atomic_write_json(Path(out_dir) / name, record)
+        return record
+
+    def check_outputs(self, target: Path, require: Iterable[Path | str] = ()) -> None:
+        """Raise RuntimeError unless every path of ``extra["outputs"]`` and ``require`` exists
+        (``target``: the record about to be written, for the message)."""
+        listed = [(f"output {key!r}", str(path)) for key, path in sorted((self.extra.get("outputs") or {}).items())]
+        missing = [f"{what} ({path})" for what, path in listed + [("required", str(p)) for p in require]
+                   if not Path(path).exists()]
+        if missing:
+            shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise RuntimeError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
+                               f"exist: {shown} (another run may have removed them, or the stage did not write them)")
+
+
+def chmod_as_open(path: Path | str) -> None:
+    """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open()`` would: 0666 less
+    the umask. Other users, e.g. an Airflow worker in docker, must be able to read stage outputs."""
+    os.chmod(path, 0o666 & ~_umask())

@@ -1,0 +1,429 @@
+"""Stage ``decontaminate``: remove every downstream eval image from the pretraining manifests.
+
+Reads ``<data>/manifests/<dataset>.parquet`` (+ ``.rejects.parquet``) of every dataset, builds the
+eval set (:mod:`pipeline.decontam.eval_set`) and removes, per image, every pretraining image that is an eval
+image by any identity key or, optionally, by perceptual hash (:mod:`pipeline.decontam.phash`). Writes
+(docs/design.md §5–§7):
+
+- ``<data>/clean/<dataset>.parquet``: the kept rows, ``split`` in train|val, sorted by example_id
+- ``<data>/clean/_run.json``
+- ``<data>/reports/cleaning/<dataset>.{json,md,html}`` + chart, ``summary.json`` (DVC metrics)
+
+A removed image loses all its rows; its reason is the first that applies in REASONS order, and
+``matched_eval`` lists every eval ref that any key matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import logging
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.decontam.arrow_sort import count_distinct, take_sorted
+from pipeline.decontam.eval_set import (
+    IMAGE_COLUMNS,
+    KEY_SEP,
+    EvalIndex,
+    string_columns,
+    identity_keys,
+    image_key_array,
+    inherit_identities,
+    manifest_path,
+    read_eval_images,
+    read_known_images,
+    read_manifest,
+)
+from pipeline.decontam.phash import PhashCache, near_duplicate_pairs
+from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.runinfo import RunRecord, atomic_dir
+from pipeline.ingest.sources.coco import read_image_info
+
+log = logging.getLogger(__name__)
+
+REASONS = REMOVAL_REASONS  # priority order
+KIND_REASON = {"image": "eval_split", "coco_id": "coco_id", "flickr": "flickr_photo_id", "url": "canonical_url"}
+# manifest split -> pretraining split; Karpathy test only survives when it is not an eval split
+SPLIT_MAP = {"train": "train", "restval": "train", "val": "val", "test": "val"}
+
+
+@dataclass
+class ImageMatch:
+    """What one pretraining image matched: reasons that apply and every eval ref matched."""
+
+    reasons: set[str] = field(default_factory=set)
+    refs: set[str] = field(default_factory=set)
+
+    @property
+    def reason(self) -> str:
+        return min(self.reasons, key=REASONS.index)
+
+
+@dataclass
+class DatasetResult:
+    """Outcome for one pretraining dataset: clean table, JSON report, report samples."""
+
+    clean: pa.Table
+    report: dict
+    samples: list[dict]
+
+
+def row_image_keys(rows: pa.Table) -> tuple[pa.Array, str]:
+    """(key of each row's image, prefix) such that prefix + key is the image key ``source\\x1fid``.
+
+    A pretraining manifest has one image source, so its ``image_id`` column serves as the key
+    (no per-row string building); with several sources the full keys are built.
+    """
+    sources = pc.unique(rows.column("image_source")).to_pylist()
+    if len(sources) == 1 and sources[0] is not None:
+        return rows.column("image_id").combine_chunks().cast(pa.string()), sources[0] + KEY_SEP
+    return image_key_array(rows), ""
+
+
+def _chunk_hits(rows: pa.Table, row_keys: pa.Array, prefix: str, index: EvalIndex) -> dict[str, list[tuple[str, str]]]:
+    """Kind -> [(image key, identity key)] of the rows of one chunk whose keys are in ``index``."""
+    hits: dict[str, list[tuple[str, str]]] = {}
+    source = prefix[: -len(KEY_SEP)] if prefix else None
+    keys = identity_keys(rows, eval_side=False, image=source is None or source in index.sources)
+    for kind, arrays in keys.items():
+        for arr in arrays:
+            hit = pc.fill_null(pc.is_in(arr, value_set=index.value_sets[kind]), False)
+            idx = np.flatnonzero(hit.to_numpy(zero_copy_only=False))
+            if len(idx):
+                take = pa.array(idx)
+                images = [prefix + k for k in row_keys.take(take).to_pylist()]
+                hits.setdefault(kind, []).extend(zip(images, arr.take(take).to_pylist()))
+    return hits
+
+
+def find_key_matches(rows: pa.Table, index: EvalIndex, *, workers: int = 1,
+                     row_keys: tuple[pa.Array, str] | None = None) -> dict[str, ImageMatch]:
+    """Image key -> ImageMatch for every image with an identity key in ``index``.
+
+    Keys are computed per row with Arrow kernels (most rows cost one regular-expression pass) and
+    looked up in the eval key sets at once; only the (few) hit rows are visited in Python. Chunks
+    of rows run on ``workers`` threads (Arrow kernels release the GIL).
+
+    Args:
+        rows: IMAGE_COLUMNS of the manifest (strings, null where unknown).
+        row_keys: :func:`row_image_keys` of ``rows`` if already computed.
+    """
+    keys, prefix = row_keys if row_keys is not None else row_image_keys(rows)
+    # one chunk per worker: every pc.is_in call hashes its value set again, so fewer chunks are cheaper
+    chunk_rows = max(1 << 16, -(-rows.num_rows // max(1, workers)))
+    chunks = [(rows.slice(start, chunk_rows), keys.slice(start, chunk_rows))
+              for start in range(0, rows.num_rows, chunk_rows)]
+    if workers > 1 and len(chunks) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            per_chunk = list(pool.map(lambda chunk: _chunk_hits(*chunk, prefix, index), chunks))
+    else:
+        per_chunk = [_chunk_hits(*chunk, prefix, index) for chunk in chunks]
+    matches: dict[str, ImageMatch] = defaultdict(ImageMatch)
+    for kind in KIND_REASON:
+        hits = [hit for chunk in per_chunk for hit in chunk.get(kind, [])]
+        lookup = index.refs_for(kind, (key for _, key in hits)) if hits else {}
+        for img, key in hits:
+            match = matches[img]
+            match.reasons.add(KIND_REASON[kind])
+            match.refs.update(lookup[key])
+    return dict(matches)
+
+
+def image_paths(rows: pa.Table) -> tuple[list[str], list[str | None]]:
+    """(image key, first image_path) of every distinct image of a manifest, sorted by key."""
+    paths = rows.select(["image_source", "image_id", "image_path"]).group_by(
+        ["image_source", "image_id"], use_threads=False).aggregate([("image_path", "min")])
+    keys = image_key_array(paths)
+    order = pc.sort_indices(keys)
+    return keys.take(order).to_pylist(), paths.column("image_path_min").take(order).to_pylist()
+
+
+class NearDuplicateFinder:
+    """pHash near-duplicate search against the eval images (their hashes computed once)."""
+
+    def __init__(self, index: EvalIndex, cache: PhashCache, max_distance: int) -> None:
+        self.index = index
+        self.cache = cache
+        self.max_distance = max_distance
+        keys = sorted(index.image_paths)
+        hashes = cache.hashes([index.image_paths[k] for k in keys], desc="phash eval images")
+        self.eval_keys = [k for k, h in zip(keys, hashes) if h is not None]
+        self.eval_hashes = np.array([h for h in hashes if h is not None], dtype=np.uint64)
+        log.info("pHash of %d eval images (%d unreadable or missing)", len(self.eval_keys), len(keys) - len(self.eval_keys))
+
+    def find(self, image_keys: list[str], paths: list[str | None], *, desc: str) -> dict[str, set[str]]:
+        """Image key -> eval refs within ``max_distance`` for each pretraining image on disk."""
+        with_path = [(k, p) for k, p in zip(image_keys, paths) if p is not None]
+        hashes = self.cache.hashes([p for _, p in with_path], desc=desc)
+        keys = [k for (k, _), h in zip(with_path, hashes) if h is not None]
+        query = np.array([h for h in hashes if h is not None], dtype=np.uint64)
+        qi, ri = near_duplicate_pairs(query, self.eval_hashes, self.max_distance)
+        found: dict[str, set[str]] = defaultdict(set)
+        for q, r in zip(qi.tolist(), ri.tolist()):
+            found[keys[q]].update(self.index.image_refs[self.eval_keys[r]])
+        return dict(found)
+
+
+def pretrain_split(table: pa.Table, dataset: str, *, val_coco_ids: set[str] | None) -> pa.Array:
+    """The ``split`` column of a clean manifest: train|val (SPLIT_MAP; VG rows of COCO-val images -> val)."""
+    splits = table.column("split").combine_chunks()
+    unknown = sorted(set(pc.unique(splits).to_pylist()) - set(SPLIT_MAP))
+    if unknown:
+        raise ValueError(f"manifest {dataset}: split values {unknown} not in {sorted(SPLIT_MAP)}")
+    mapped = splits
+    for old, new in SPLIT_MAP.items():
+        if old != new:
+            mapped = pc.if_else(pc.equal(mapped, old), new, mapped)
+    if val_coco_ids is not None and "coco_id" in table.column_names:
+        is_val = pc.fill_null(pc.is_in(table.column("coco_id").cast(pa.string()),
+                                       value_set=pa.array(sorted(val_coco_ids), pa.string())), False)
+        mapped = pc.if_else(is_val, "val", mapped)
+    return mapped.cast(splits.type)
+
+
+def decontaminate_dataset(
+    dataset: str,
+    manifest: pa.Table,
+    rejects: pa.Table,
+    index: EvalIndex,
+    *,
+    finder: NearDuplicateFinder | None,
+    val_coco_ids: set[str] | None = None,
+    workers: int = 1,
+) -> DatasetResult:
+    """Remove the eval images from one pretraining manifest; build its report.
+
+    Args:
+        manifest: the dataset's manifest (docs/design.md §6), any row order.
+        rejects: its ingest rejects (``reason`` column), counted in the report.
+        finder: pHash search, or None to skip near duplicates.
+        val_coco_ids: COCO ids of pretraining-val COCO images; VG rows of these images become val.
+        workers: threads for the key matching and the counting.
+
+    Returns:
+        clean table (kept rows, split train|val, sorted by example_id), report dict (docs/design.md §7),
+        samples (removed images with paths, for thumbnails).
+    """
+    rows = string_columns(manifest, IMAGE_COLUMNS)
+    row_keys, prefix = row_image_keys(rows)
+    # pHash first: its worker processes are forked while this process runs no other thread
+    near = finder.find(*image_paths(rows), desc=f"phash {dataset}") if finder is not None else {}
+    with ThreadPoolExecutor(1) as pool:
+        input_images_job = pool.submit(count_distinct, row_keys)
+        matches = find_key_matches(rows, index, workers=workers, row_keys=(row_keys, prefix))
+        for key, refs in near.items():
+            match = matches.setdefault(key, ImageMatch())
+            match.reasons.add("near_duplicate")
+            match.refs.update(refs)
+        removed_keys = pa.array(sorted(k[len(prefix):] for k in matches), row_keys.type)
+        removed_mask = pc.is_in(row_keys, value_set=removed_keys)
+        clean = _clean_rows(dataset, manifest, pc.invert(removed_mask), val_coco_ids, workers)
+        input_images = input_images_job.result()
+    removed = _removed_entries(rows.filter(removed_mask), row_keys.filter(removed_mask), prefix, matches)
+    removed_images = {r: 0 for r in REASONS}
+    for entry in removed:
+        removed_images[entry["reason"]] += 1
+    reject_counts = {r: 0 for r in REJECT_REASONS}
+    for reason in rejects.column("reason").to_pylist() if rejects.num_rows else []:
+        reject_counts[reason] = reject_counts.get(reason, 0) + 1
+    report = {
+        "dataset": dataset,
+        "input_rows": manifest.num_rows + rejects.num_rows,
+        "input_images": input_images,
+        "kept_rows": clean.num_rows,
+        "kept_images": input_images - len(matches),  # removal takes every row of an image
+        "removed_rows": int(pc.sum(removed_mask).as_py() or 0),
+        "removed_images": removed_images,
+        "removed": [{k: e[k] for k in ("image_id", "url", "reason", "matched_eval")} for e in removed],
+        "rejected_rows": reject_counts,
+    }
+    check_invariant(report)
+    return DatasetResult(clean=clean, report=report, samples=removed)
+
+
+def _clean_rows(dataset: str, manifest: pa.Table, keep: pa.Array, val_coco_ids: set[str] | None,
+                workers: int) -> pa.Table:
+    """The rows where ``keep``, with split train|val, sorted by example_id."""
+    split_at = manifest.schema.get_field_index("split")
+    manifest = manifest.set_column(split_at, manifest.schema.field(split_at),  # keeps type and nullability
+                                   pretrain_split(manifest, dataset, val_coco_ids=val_coco_ids))
+    return take_sorted(manifest, "example_id", keep=keep, workers=workers)
+
+
+def _removed_entries(rows: pa.Table, row_keys: pa.Array, prefix: str, matches: dict[str, ImageMatch]) -> list[dict]:
+    """One dict per removed image (image_id, url, reason, matched_eval, image_path), report order.
+
+    ``rows``/``row_keys``: the manifest rows of the removed images; an image's url and path are the
+    smallest of its rows' (any choice would do; this one does not depend on row order).
+    """
+    info: dict[str, dict] = {}
+    columns = (rows.column(c).to_pylist() for c in ("image_id", "url", "image_path"))
+    for key, image_id, url, path in zip((prefix + k for k in row_keys.to_pylist()), *columns):
+        entry = info.setdefault(key, {"image_id": image_id, "url": None, "image_path": None})
+        if url is not None and (entry["url"] is None or url < entry["url"]):
+            entry["url"] = url
+        if path is not None and (entry["image_path"] is None or path < entry["image_path"]):
+            entry["image_path"] = path
+    out = []
+    for key, match in matches.items():
+        entry = info[key]
+        out.append({**entry, "image_key": key, "reason": match.reason, "matched_eval": sorted(match.refs)})
+    out.sort(key=lambda e: (REASONS.index(e["reason"]), e["image_id"]))
+    return out
+
+
+def check_invariant(report: dict) -> None:
+    """Raise if input_rows != kept_rows + removed_rows + sum(rejected_rows)."""
+    rejected = sum(report["rejected_rows"].values())
+    total = report["kept_rows"] + report["removed_rows"] + rejected
+    if report["input_rows"] != total:
+        raise AssertionError(
+            f"cleaning report {report['dataset']}: input_rows {report['input_rows']} != kept {report['kept_rows']}"
+            f" + removed {report['removed_rows']} + rejected {rejected}"
+        )
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Deterministic parquet bytes (same table => same file)."""
+    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20)
+
+
+def _read_rejects(manifest_dir: Path, dataset: str) -> pa.Table:
+    path = Path(manifest_dir) / f"{dataset}.rejects.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"rejects file {path} does not exist: run the ingest stage for {dataset} first")
+    return pq.read_table(path, columns=["reason"])
+
+
+def top_up_val(clean: pa.Table, min_val_images: int, seed: int) -> pa.Table:
+    """``clean`` (a COCO clean manifest) with at least ``min_val_images`` images in split val.
+
+    The val images left after decontamination (Karpathy val minus eval images: on real data none,
+    since VQA val covers val2014) are kept; the rest are drawn from the train images in the order of
+    sha256("<seed>:<image_id>"), so the draw is the same on every machine and stable when other
+    images come or go. All rows of a drawn image move to val. At most half the train images are
+    drawn (a warning says so), so a small world keeps a training set.
+    """
+    split = clean.column("split")
+    ids = clean.column("image_id").cast(pa.string())
+    have = set(pc.unique(pc.filter(ids, pc.equal(split, "val"))).to_pylist())
+    need = min_val_images - len(have)
+    if need <= 0:
+        return clean
+    train_ids = sorted(set(pc.unique(pc.filter(ids, pc.equal(split, "train"))).to_pylist()),
+                       key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    if need > len(train_ids) // 2:
+        log.warning("coco: decontaminate.min_val_images=%d would leave fewer train than val images; drawing "
+                    "%d of %d train images instead", min_val_images, len(train_ids) // 2, len(train_ids))
+    drawn = train_ids[:min(need, len(train_ids) // 2)]
+    log.info("coco: %d pretraining-val images after decontamination; %d train images drawn to reach %d",
+             len(have), len(drawn), min_val_images)
+    to_val = pc.is_in(ids, value_set=pa.array(drawn, pa.string()))
+    at = clean.schema.get_field_index("split")
+    new_split = pc.if_else(to_val, pa.scalar("val", split.type), split)
+    return clean.set_column(at, clean.schema.field(at), new_split)  # keeps type and nullability
+
+
+def _val_coco_ids(result: DatasetResult) -> set[str]:
+    clean = result.clean
+    val = clean.filter(pc.equal(clean.column("split"), "val"))
+    return set(pc.unique(val.column("image_id").cast(pa.string())).to_pylist())
+
+
+def eval_identities(params, eval_images: pa.Table, record: RunRecord | None = None) -> pa.Table:
+    """``eval_images`` with what every file read here knows about them (:func:`inherit_identities`).
+
+    Reads the manifests of the eval and pretraining datasets (same image, VG links) and COCO's test
+    image list ``sources.coco.image_info_test`` (the test2015 URLs VQA test rows lack); null
+    leaves the test images known by id only (logged). A path that does not exist raises
+    FileNotFoundError naming the key.
+    """
+    cfg = params.decontaminate
+    datasets = [d for d, splits in params.eval_splits().items() if splits] + list(cfg.pretrain_datasets)
+    same, vg = read_known_images(Path(params.paths.data) / "manifests", datasets, eval_images)
+    info = params.sources.coco.image_info_test
+    if info is None:
+        log.warning("sources.coco.image_info_test is null: COCO test2015 images (VQA test) are matched by id "
+                    "only, not by their URLs")
+    else:
+        if not Path(info).exists():
+            raise FileNotFoundError(f"sources.coco.image_info_test: {info} does not exist (COCO's "
+                                    f"image_info_test2015.json; null to do without the test image URLs)")
+        same.append(read_image_info(Path(info)))
+        if record is not None:
+            record.inputs["coco_image_info_test"] = Path(info)
+    out = inherit_identities(eval_images, same, vg)
+    log.info("eval set: %d rows of its own, %d lent by other files", eval_images.num_rows,
+             out.num_rows - eval_images.num_rows)
+    return out
+
+
+def run(params) -> dict[str, dict]:
+    """Stage entry: decontaminate every ``params.decontaminate.pretrain_datasets`` manifest.
+
+    Returns the report dict of each dataset (also written to ``<data>/reports/cleaning``).
+    """
+    from pipeline.decontam import cleaning_report  # matplotlib is only needed once the data work is done
+
+    cfg = params.decontaminate
+    data = Path(params.paths.data)
+    manifest_dir = data / "manifests"
+    if not 0 <= cfg.phash_max_distance <= 32:
+        raise ValueError(f"decontaminate.phash_max_distance must be in 0..32, got {cfg.phash_max_distance}")
+    record = RunRecord("decontaminate", params.section_digest("decontaminate"))
+    eval_splits = params.eval_splits()
+    eval_images = read_eval_images(manifest_dir, eval_splits)
+    index = EvalIndex.build(eval_identities(params, eval_images, record))
+    log.info("eval set: %d images, %d refs from %s", len(index), len(index.ref_images),
+             {d: list(s) for d, s in eval_splits.items()})
+    cache = PhashCache(data / "cache" / "phash.parquet", workers=cfg.workers)
+    finder = NearDuplicateFinder(index, cache, cfg.phash_max_distance) if cfg.near_duplicates else None
+
+    results: dict[str, DatasetResult] = {}
+    val_coco_ids = None
+    # COCO first: VG images of pretraining-val COCO images go to VG val
+    for dataset in sorted(cfg.pretrain_datasets, key=lambda d: (d != "coco", d)):
+        path = manifest_path(manifest_dir, dataset)
+        record.inputs[f"manifest_{dataset}"] = path
+        results[dataset] = decontaminate_dataset(
+            dataset, read_manifest(path), _read_rejects(manifest_dir, dataset), index, finder=finder,
+            val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None, workers=cfg.workers,
+        )
+        if dataset == "coco":
+            results[dataset].clean = top_up_val(results[dataset].clean, cfg.min_val_images, params.seed)
+            val_coco_ids = _val_coco_ids(results[dataset])
+        cache.save()
+    for dataset in sorted(eval_splits):
+        record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
+
+    with atomic_dir(data / "reports" / "cleaning", stage="decontaminate") as out:
+        for dataset, result in sorted(results.items()):
+            cleaning_report.write_cleaning_report(out, result.report, cleaning_report.pick_samples(result.samples, cfg.report_samples),
+                                          eval_paths=index.image_paths, ref_images=index.ref_images)
+        cleaning_report.write_summary(out, [r.report for _, r in sorted(results.items())])
+    with atomic_dir(data / "clean", stage="decontaminate") as out:
+        for dataset, result in sorted(results.items()):
+            write_parquet(result.clean, out / f"{dataset}.parquet")
+            rep = result.report
+            record.counts[dataset] = {k: rep[k] for k in ("input_rows", "kept_rows", "removed_rows")} | {
+                "removed_images": sum(rep["removed_images"].values()),
+                "rejected_rows": sum(rep["rejected_rows"].values()),
+            }
+        record.extra["eval_images"] = len(index)
+        record.extra["eval_splits"] = params.eval_split_origins()
+        record.write(out)
+    for dataset, result in sorted(results.items()):
+        rep = result.report
+        log.info("%s: %d input rows -> %d kept, %d removed (%s), %d rejected", dataset, rep["input_rows"],
+                 rep["kept_rows"], rep["removed_rows"],
+                 ", ".join(f"{r} {n}" for r, n in rep["removed_images"].items() if n) or "no images",
+                 sum(rep["rejected_rows"].values()))
+    return {d: r.report for d, r in results.items()}

@@ -1,0 +1,23 @@
+"""C4 Faster R-CNN region extraction with detectron2 (docs/design.md §8).
+
+- :mod:`presets`: detectron2 configs of ``butd_r101`` (bottom-up-attention) and ``mini``.
+- :mod:`modeling`: caffe-style stem, configurable res5 head, the region API of the ROI heads.
+- :mod:`attributes`: the box predictor with the bottom-up-attention attribute head.
+- :mod:`checkpoint`: the caffe-converted checkpoint layout (strict loading, restricted unpickling).
+- :mod:`build`: a ready :class:`~pipeline.extract.detector.build.Detector` from a preset and weights.
+- :mod:`selection`: the max-confidence keep rule (conf >= 0.2, 10..100 boxes).
+- :mod:`extractor`: batched inference, detected and given-box modes.
+- :mod:`shards`: deterministic safetensors feature shards (docs/design.md §8).
+- :mod:`runner`: sharded, resumable extraction over CPU processes or GPUs.
+
+Submodules import detectron2 and torch; import them where needed, not from here.
+
+Importing this package sets ``OMP_WAIT_POLICY=PASSIVE`` (unless already set): idle OpenMP threads
+then sleep instead of spinning. On a shared 2-core machine spinning threads made a training
+iteration cost 7 CPU-s instead of 0.65. It only takes effect if torch is not loaded yet, so stage
+modules import this package before torch.
+"""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

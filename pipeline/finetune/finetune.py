@@ -1,0 +1,313 @@
+"""Stage ``finetune@<task>``: fine-tune the pretrained model on one downstream task and evaluate it.
+
+For each task of ``finetune.tasks`` (or the one named), starting from ``data/models/<out_name>``
+(VCR: ``data/models/<out_name>_vcr``, the second stage; ``<out_name>`` = ``pretrain.out_name``),
+the task's model is trained with the pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
+``data/checkpoints/finetune/<task>/``) and evaluated. With ``finetune.compare_scratch`` the same
+model is also trained from a non-pretrained start (``finetune.scratch_init``: BERT text weights
+only, or random) with the same steps and data order, so the pretraining gain is measured.
+
+Writes, per task:
+- ``data/models/<task>/``: ``model.safetensors`` (the fine-tuned model, pretrained start),
+  ``model_config.json``, ``eval.json`` (every metric of both starts, zero-shot, chance levels),
+  task files (VQA: predictions in the submission format), ``_run.json`` (counts and timings);
+- ``data/metrics/<task>.json``: the summary metrics of both starts, the gain and chance levels;
+- ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.config import UniterConfig
+from pipeline.params.parser import Params, to_dict
+from pipeline.params.pretrain import output_name
+from pipeline.common.ownership import claim_dir, preflight, remove_owned
+from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.finetune.tasks import task_class
+from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
+from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
+from pipeline.training.checkpointing import db_fingerprint
+from pipeline.training.launch import DistInfo, process_group
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+
+
+def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
+    """Fine-tune and evaluate ``item`` (a task) or every task of ``finetune.tasks``; returns their
+    ``data/metrics/<task>.json`` records."""
+    from pipeline.training.engine import resolve_device, resolve_precision
+
+    cfg = params.finetune
+    names = [item] if item is not None else list(cfg.tasks)
+    check_params(params, names)
+    data = Path(params.paths.data)
+    preflight(*(p for n in names for p in (data / "checkpoints" / "finetune" / n, data / "models" / n,
+                                          *(data / "metrics" / n / init for init in ("pretrained", "scratch")))))
+    device = resolve_device(cfg.device, 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    precision = resolve_precision(cfg.precision, device)
+    out = {}
+    with process_group(device.type) as dist:
+        if dist.world_size != 1:
+            raise RuntimeError("fine-tuning runs on one rank; start it without the deepspeed launcher")
+        for name in names:
+            out[name] = finetune_task(params, name, dist=dist, device=device, precision=precision)
+    return out
+
+
+def check_params(params: Params, names: list[str]) -> None:
+    """Reject settings the stage cannot run with, naming the params key."""
+    cfg = params.finetune
+    for name in names:
+        task_class(name)
+        if name not in cfg.per_task:
+            raise ValueError(f"finetune.per_task has no entry for task {name!r}")
+        t = cfg.per_task[name]
+        if t.steps < 1 or t.batch_tokens < 1 or t.lr <= 0 or t.warmup_steps < 0:
+            raise ValueError(f"finetune.per_task.{name}: steps, batch_tokens and lr must be > 0, warmup_steps >= 0")
+    checks = [
+        (cfg.retrieval_hard_negatives >= 1, "finetune.retrieval_hard_negatives must be >= 1"),
+        (cfg.retrieval_neg_pool >= cfg.retrieval_hard_negatives,
+         "finetune.retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"),
+        (cfg.eval_batch_tokens > 0, "finetune.eval_batch_tokens must be > 0"),
+        (cfg.zero_stage in (0, 1, 2, 3), "finetune.zero_stage must be 0, 1, 2 or 3"),
+        (cfg.keep_checkpoints >= 1 and cfg.log_every >= 1, "finetune.keep_checkpoints and log_every must be >= 1"),
+        (min(cfg.val_every, cfg.val_batches, cfg.checkpoint_every) >= 0,
+         "finetune.val_every, val_batches and checkpoint_every must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def finetune_seed(params: Params) -> int:
+    """``finetune.seed``, or the root ``seed`` when it is null."""
+    return params.seed if params.finetune.seed is None else params.finetune.seed
+
+
+def task_digest(params: Params, name: str) -> str:
+    """sha256 of what one task's training depends on: seed, model, the shared finetune keys and its budget."""
+    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task")}
+    payload = {"seed": finetune_seed(params), "model": to_dict(params.model), "finetune": shared,
+               "task": to_dict(params.finetune.per_task[name])}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def encoder_config(meta: dict[str, Any], dropout: float) -> UniterConfig:
+    cfg = dict(meta["uniter_config"])
+    cfg.update(hidden_dropout=dropout, attention_dropout=dropout)
+    return UniterConfig(**cfg)
+
+
+@dataclasses.dataclass
+class TaskSetup:
+    """One task opened for training: its DBs, the start it fine-tunes from and the inputs' fingerprints."""
+
+    task: FinetuneTask
+    init_dir: Path
+    meta: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    config: UniterConfig
+    img_dim: int
+    inputs: dict[str, str]
+    work_root: Path
+
+
+def open_task(params: Params, name: str) -> TaskSetup:
+    """Open ``name``'s DBs and read its pretrained start; check that the two fit together."""
+    from pipeline.pretrain.model_io import read_exported
+
+    cfg, data = params.finetune, Path(params.paths.data)
+    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=finetune_seed(params)))
+    task.open()
+    init_dir = data / "models" / output_name(task.init_stage, params.pretrain.out_name)
+    meta, state = read_exported(init_dir)
+    img_dim = task.img_dbs.feature_dim
+    if int(meta["img_dim"]) != img_dim:
+        raise ValueError(f"{init_dir / CONFIG_FILE}: img_dim {meta['img_dim']}, but {name}'s image DBs have {img_dim}")
+    config = encoder_config(meta, params.model.dropout)
+    if config.vocab_size != task.vocab_size():
+        raise ValueError(f"{init_dir / CONFIG_FILE}: vocabulary {config.vocab_size}, but {name}'s text DBs need "
+                         f"{task.vocab_size()} (pretrained with another tokenizer?)")
+    inputs = {n: db_fingerprint(task.ctx.txt_root / n) for n in task.text_dbs()}
+    inputs.update({n: db_fingerprint(task.ctx.img_root / n) for n in sorted(task.img_dbs.dbs)})
+    return TaskSetup(task=task, init_dir=init_dir, meta=meta, state=state, config=config, img_dim=img_dim,
+                     inputs=inputs, work_root=data / "checkpoints" / "finetune" / name)
+
+
+def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
+    """What one start of the task trains from, where it keeps its checkpoints, and its fingerprint."""
+    from pipeline.pretrain.inputs import first_stage_sources
+
+    cfg, name = params.finetune, setup.task.name
+    txt_root = Path(params.paths.data) / "db" / "txt"
+    # the scratch start fits its region projection on the first pretraining stage's training images
+    region_sources = first_stage_sources(txt_root, params.pretrain.datasets, "train")
+    start = {"init_model": init_digest(setup.init_dir)} if init == "pretrained" else \
+        {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
+         "region_init": params.model.region_init, "region_init_images": params.model.region_init_images}
+    return RunPlan(init=init, work_dir=setup.work_root / init, config=setup.config,  # type: ignore[arg-type]
+                   img_dim=setup.img_dim, init_state=setup.state if init == "pretrained" else None,
+                   scratch_init=cfg.scratch_init, bert_checkpoint=params.model.bert_checkpoint,
+                   region_init_images=params.model.region_init_images if params.model.region_init == "class_names"
+                   else 0,
+                   region_sources=region_sources, img_root=Path(params.paths.data) / "db" / "img",
+                   fingerprint={"task": name, "init": init, "params": task_digest(params, name),
+                                "inputs": setup.inputs, **start})
+
+
+def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.device, precision: str) -> dict:
+    """Train and evaluate one task from each start, write its outputs, drop its work directory."""
+    cfg = params.finetune
+    setup = open_task(params, name)
+    claim_dir(setup.work_root, f"finetune@{name}")
+    inits = ["pretrained", "scratch"] if cfg.compare_scratch else ["pretrained"]
+    started = time.time()
+    if len(inits) > 1 and cfg.parallel_starts and device.type == "cpu":
+        train_starts_in_parallel(params, name, inits, precision=precision)
+    # after a parallel run each start's result is on disk, and train_run reads it instead of training
+    outcomes: dict[str, RunOutcome] = {
+        init: train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
+                        seed=finetune_seed(params))
+        for init in inits}
+    record = metrics_record(setup.task, outcomes, setup.task.chance())
+    write_outputs(params, setup, TaskResult(outcomes=outcomes, record=record, started=started, precision=precision))
+    remove_owned(setup.work_root)
+    for parent in (setup.work_root.parent, setup.work_root.parent.parent):  # checkpoints/finetune, checkpoints
+        with contextlib.suppress(OSError):  # not empty (another stage's run), or already gone
+            parent.rmdir()
+    return record
+
+
+def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, precision: str) -> None:
+    """Train each start of ``name`` in its own process with an equal share of the CPU cores.
+
+    Two one-thread processes did 1.36x the steps per second of one two-thread process on the 2-core
+    dev machine (small matrices parallelize poorly inside one step; docs/experiments.md). Each child
+    is a one-rank group of its own and leaves its result in ``<work_root>/<init>/result/``.
+    """
+    import multiprocessing
+
+    threads = max(1, (os.cpu_count() or 1) // len(inits))
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP pools or LMDB handles
+    children = {init: ctx.Process(target=_train_start_child, args=(params, name, init, threads, precision),
+                                  name=f"finetune@{name}:{init}") for init in inits}
+    log.info("finetune@%s: training the %s starts side by side, %d thread(s) each", name, " and ".join(inits),
+             threads)
+    for child in children.values():
+        child.start()
+    for child in children.values():
+        child.join()
+    failed = [f"{init} (exit status {child.exitcode})" for init, child in children.items() if child.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"finetune@{name}: the training process of the {', '.join(failed)} start failed; "
+                           "its error is logged above. Rerun to resume from its last checkpoint, or set "
+                           "finetune.parallel_starts=false to train the starts one after the other")
+
+
+def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
+    """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
+    from pipeline.training.launch import LAUNCH_ENV
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [{init}]: %(message)s")
+    torch.set_num_threads(threads)
+    for key in LAUNCH_ENV:  # inherited from the parent's one-rank group: this process is a group of its own
+        os.environ.pop(key, None)
+    device = torch.device("cpu")
+    setup = open_task(params, name)
+    with process_group("cpu") as dist:
+        train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
+                  seed=finetune_seed(params))
+
+
+def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
+    """``data/metrics/<task>.json``: per summary metric the pretrained and scratch scores, gain, chance."""
+    summary = {}
+    for label, key in task.summary:
+        entry: dict[str, Any] = {"label": label, "chance": chance.get(key)}
+        for init, outcome in outcomes.items():
+            entry[init] = lookup(outcome.metrics, key)
+            if outcome.zero_shot is not None:
+                entry["zero_shot"] = lookup(outcome.zero_shot, key)
+        if "scratch" in entry and entry["pretrained"] is not None and entry["scratch"] is not None:
+            entry["gain"] = round(entry["pretrained"] - entry["scratch"], 4)
+        summary[key] = entry
+    record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
+                              "chance": dict(sorted(chance.items()))}
+    references = task.references()
+    if references:
+        record["references"] = references
+    for init, outcome in outcomes.items():
+        record[init] = outcome.metrics
+        if outcome.zero_shot is not None:
+            record["zero_shot"] = outcome.zero_shot
+    return record
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """One task's trained starts and what is written of them."""
+
+    outcomes: dict[str, RunOutcome]  # init ("pretrained", "scratch") -> its run
+    record: dict[str, Any]  # data/metrics/<task>.json (metrics_record)
+    started: float  # wall-clock start of the task, for the stage's wall time
+    precision: str
+
+
+def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
+    """``data/models/<task>/``, ``data/metrics/<task>.json`` and the dvclive curves of each start."""
+    from pipeline.training.checkpointing import save_safetensors
+
+    task, outcomes, record = setup.task, result.outcomes, result.record
+    data, name = Path(params.paths.data), task.name
+    pretrained = outcomes["pretrained"]
+    run = RunRecord(f"finetune@{name}", task_digest(params, name))
+    for db_name in task.text_dbs():
+        run.inputs[db_name] = task.ctx.txt_root / db_name
+    run.inputs["init"] = setup.init_dir / MODEL_FILE
+    run.counts = {"steps": task.ctx.task_cfg.steps,
+                  "train_examples": {s: len(task.train_dataset(s)) for s in task.streams},
+                  "resumed_from_step": {i: o.resumed_from_step for i, o in outcomes.items()},
+                  "parameters": sum(v.numel() for v in pretrained.state.values())}
+    run.extra["timings_s"] = {i: o.timings_s for i, o in outcomes.items()}
+    run.extra["stage_wall_s"] = round(time.time() - result.started, 3)
+    run.extra["precision"] = result.precision
+    out_dir = data / "models" / name
+    with atomic_dir(out_dir, stage=f"finetune@{name}") as tmp:
+        save_safetensors(pretrained.state, tmp / MODEL_FILE)
+        atomic_write_json(tmp / CONFIG_FILE, {
+            "task": name, "uniter_config": dataclasses.asdict(setup.config), "img_dim": setup.img_dim,
+            "task_info": task.model_info(), "init": str(setup.init_dir),
+            "tokenizer": setup.meta.get("tokenizer", {})})
+        last_train = {i: {k: v for k, v in o.last_train.items() if not k.endswith("tokens_per_s")}
+                      for i, o in outcomes.items()}  # throughput is a timing, not a result
+        atomic_write_json(tmp / "eval.json", {**record, "last_train": last_train})
+        for file_name, content in sorted(pretrained.artifacts.items()):
+            atomic_write_json(tmp / file_name, content)
+        run.write(tmp)
+    # dvclive curves (with throughput, so not byte-stable) live beside the metrics file, as pretraining's do
+    for init in outcomes:
+        live, dest = setup.work_root / init / "live", data / "metrics" / name / init
+        if live.is_dir():
+            remove_owned(dest)  # the live dir's marker comes along: the copy is the stage's own
+            shutil.copytree(live, dest)
+    atomic_write_json(data / "metrics" / f"{name}.json", record)
+    timing = ", ".join(f"{i} {o.timings_s.get('total', 0.0):.0f}s" for i, o in outcomes.items())
+    headline = "; ".join(f"{e['label']}: {e.get('pretrained')} (scratch {e.get('scratch')}, chance {e.get('chance')})"
+                         for e in record["summary"].values())
+    log.info("finetune@%s: %s [%s] -> %s", name, headline, timing, out_dir)

@@ -1,0 +1,150 @@
+"""Manifest and rejects parquet files: fixed column schemas (docs/design.md §6), streamed writes.
+
+A manifest is written in row groups of ``chunk_rows`` rows as rows arrive, so ingest memory does
+not grow with the input; the file appears at its final path only when complete (temporary file
+in the same directory, then an atomic rename), so a killed stage never leaves half a manifest.
+Same rows in the same order => byte-identical file (no timestamps in parquet metadata).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.common.runinfo import chmod_as_open
+
+CORE_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("example_id", pa.string(), nullable=False),
+    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("image_source", pa.string(), nullable=False),
+    pa.field("image_id", pa.string(), nullable=False),
+    pa.field("image_path", pa.string(), nullable=False),
+    pa.field("url", pa.string(), nullable=True),
+    pa.field("text", pa.string(), nullable=False),
+)
+
+REJECT_SCHEMA = pa.schema([
+    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("source_file", pa.string(), nullable=False),
+    pa.field("locator", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("detail", pa.string(), nullable=False),
+    pa.field("raw_row", pa.string(), nullable=False),
+])
+
+COMPRESSION = "zstd"
+BATCH_ROWS = 8192  # rows held as Python objects before they become an Arrow record batch
+
+
+def manifest_schema(extra: Sequence[pa.Field]) -> pa.Schema:
+    """The core columns in contract order followed by a dataset's own columns."""
+    names = [f.name for f in CORE_FIELDS]
+    clash = [f.name for f in extra if f.name in names]
+    if clash:
+        raise ValueError(f"dataset columns {clash} collide with core manifest columns")
+    return pa.schema(list(CORE_FIELDS) + list(extra))
+
+
+class ParquetStreamWriter:
+    """Append rows (mappings with every schema column), flushed as row groups, committed atomically.
+
+    Rows are converted to Arrow record batches every :data:`BATCH_ROWS` rows (compact, no Python
+    objects), and the batches are written as one row group once ``chunk_rows`` rows have gathered,
+    so memory is bounded by one row group of Arrow data whatever the input size.
+
+    Use as a context manager: a clean exit renames the temporary file onto ``path``; an exception
+    deletes it and leaves whatever was at ``path`` before untouched.
+    """
+
+    def __init__(self, path: Path | str, schema: pa.Schema, *, chunk_rows: int) -> None:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.path = Path(path)
+        self.schema = schema
+        self.chunk_rows = chunk_rows
+        self.rows_written = 0
+        self._getter = operator.itemgetter(*schema.names)
+        self._pending: list[tuple] = []
+        self._batches: list[pa.RecordBatch] = []
+        self._batched_rows = 0
+        self._batch_rows = min(chunk_rows, BATCH_ROWS)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.close(fd)
+        self._tmp = Path(tmp)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self._tmp, schema, compression=COMPRESSION, write_statistics=True
+        )
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        try:
+            values = self._getter(row)
+        except KeyError as err:
+            raise KeyError(f"{self.path.name}: row lacks column {err}") from None
+        self._pending.append(values if len(self.schema) > 1 else (values,))
+        if len(self._pending) >= self._batch_rows:
+            self._to_batch()
+            if self._batched_rows >= self.chunk_rows:
+                self.flush()
+
+    def _to_batch(self) -> None:
+        """Pending Python rows -> one Arrow record batch (checked against the schema)."""
+        if not self._pending:
+            return
+        arrays = []
+        for fld, values in zip(self.schema, zip(*self._pending)):
+            try:
+                arrays.append(pa.array(values, type=fld.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as err:
+                raise ValueError(f"{self.path.name}: column {fld.name!r} cannot hold its values ({err})") from None
+            if not fld.nullable and arrays[-1].null_count:
+                raise ValueError(f"{self.path.name}: column {fld.name!r} must not be null")
+        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self._batched_rows += len(self._pending)
+        self._pending.clear()
+
+    def flush(self) -> None:
+        """Write everything appended so far as one row group."""
+        self._to_batch()
+        if not self._batches or self._writer is None:
+            return
+        table = pa.Table.from_batches(self._batches, schema=self.schema)
+        self._writer.write_table(table, row_group_size=max(len(table), 1))
+        self.rows_written += len(table)
+        self._batches.clear()
+        self._batched_rows = 0
+
+    def commit(self) -> int:
+        """Write what is pending, close, and move the file to ``path``; returns the row count."""
+        self.flush()
+        assert self._writer is not None, "writer already closed"
+        self._writer.close()
+        self._writer = None
+        chmod_as_open(self._tmp)
+        os.replace(self._tmp, self.path)
+        return self.rows_written
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        with contextlib.suppress(FileNotFoundError):
+            self._tmp.unlink()
+
+    def __enter__(self) -> ParquetStreamWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()

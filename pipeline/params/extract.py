@@ -1,0 +1,50 @@
+"""``extract:`` section: Faster R-CNN region extraction and the mini-world detector."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline.params.checks import MAX_COUNT, MAX_STEPS, bounded, checked, must_exist, subset_problem
+
+IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
+
+
+@dataclass(frozen=True)
+class DetectorTrainConfig:
+    """Fitting the narrow C4 detector to the mini world's boxes (docs/design.md §8)."""
+
+    max_minutes: float = bounded(0.0, 0, 7 * 24 * 60)  # wall-clock cap (0: none, iterations only)
+    max_iters: int = bounded(900, 1, MAX_STEPS)
+    ims_per_batch: int = bounded(4, 1, 1024)
+    lr: float = bounded(2e-3, 0, 1, lo_open=True)
+    holdout_images: int = bounded(40, 1, MAX_COUNT)  # COCO train2014 images kept out of training to score it
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    sources: tuple[str, ...] = IMAGE_SOURCES
+    # `mini`: narrow R50-C4 fitted to the mini world; `butd_r101`: bottom-up-attention R101-C4
+    detector: Literal["mini", "butd_r101"] = "mini"
+    # a file of `detector`'s weights; null: the mini detector train_detector writes (butd_r101 needs one)
+    weights: Path | None = must_exist(None)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (ignored on CPU)
+    workers: int = bounded(1, 1, 256)
+    # tasks one source's shards are split over (`extract SOURCE:k/K`); > 1: `extract SOURCE` merges them
+    parts: int = bounded(1, 1, 4096)
+    shard_size: int = bounded(1000, 1, MAX_COUNT)  # images per shard file
+    batch_size: int = bounded(8, 1, 4096)
+    conf_th: float = bounded(0.2, 0, 1)  # class confidence a kept box needs (min_boxes are kept anyway)
+    min_boxes: int = bounded(10, 0, 1000)
+    max_boxes: int = bounded(100, 1, 1000)
+    train: DetectorTrainConfig = field(default_factory=DetectorTrainConfig)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        few = f"must be >= extract.min_boxes ({self.min_boxes}), got {self.max_boxes}"
+        return checked(sources=subset_problem(self.sources, IMAGE_SOURCES),
+                       max_boxes=few if self.max_boxes < self.min_boxes else None,
+                       weights="butd_r101 has no weights of its own: set extract.weights to its file"
+                       if self.detector == "butd_r101" and self.weights is None else None)

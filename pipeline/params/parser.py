@@ -1,0 +1,413 @@
+"""Strict, typed parameters: ``params.yaml`` -> frozen dataclasses.
+
+Every section of ``params.yaml`` maps to a frozen dataclass in ``pipeline/params/``. Parsing is
+strict: an unknown or misspelled key, a value of the wrong type, or a missing required key raises
+:class:`ParamsError` naming the dotted key (``pretrain.mix_ratio.mlm``) and the file. Paths marked
+``must_exist`` are checked after parsing, so a wrong source path fails before any work starts.
+Values are checked too: a key's range sits on its field (``bounded`` in ``pipeline/params/checks``, e.g.
+``pretrain.steps: must be an integer in [1, 10000000], got 0``), checked first; then a section's
+``problems()`` (rules between keys, mappings, names), so a stage never starts with a value it cannot run.
+
+``--set a.b=value`` overrides are applied to the raw mapping before parsing; the value is read as
+YAML (``--set pretrain.steps=10`` gives an int, ``--set sources.cc.train_tsv=null`` gives None).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from pipeline.params.checks import MAX_SEED, Range, must_exist, range_problems  # noqa: F401  (must_exist re-exported)
+from pipeline.params.dbs import BuildDbsConfig
+from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_splits, eval_split_origins
+from pipeline.params.extract import ExtractConfig
+from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig
+from pipeline.params.ingest import IngestConfig
+from pipeline.params.model import ModelConfig
+from pipeline.params.pretrain import PretrainConfig, apply_recipe
+from pipeline.params.world import MiniWorldConfig, SourcesConfig
+
+DEFAULT_PARAMS = Path("params.yaml")
+log = logging.getLogger(__name__)
+
+
+class FrozenDict(dict):
+    """A read-only dict (picklable, unlike MappingProxyType) for mapping-valued params."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("params are read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+
+class ParamsError(ValueError):
+    """A params file (or override) does not match the typed schema."""
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """Where the pipeline writes. Every artifact lives below ``data``."""
+
+    data: Path = Path("data")
+    runs: Path = Path("runs")
+
+
+@dataclass(frozen=True)
+class Params:
+    """The whole of ``params.yaml``."""
+
+    world: Literal["mini", "real"]
+    seed: int
+    paths: PathsConfig
+    mini_world: MiniWorldConfig
+    sources: SourcesConfig
+    ingest: IngestConfig
+    decontaminate: DecontaminateConfig
+    extract: ExtractConfig
+    build_dbs: BuildDbsConfig
+    model: ModelConfig
+    pretrain: PretrainConfig
+    finetune: FinetuneConfig
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Top-level keys that are wrong, as (key, message); the parser raises on them."""
+        message = Range(0, MAX_SEED).problem(self.seed)
+        return ([("seed", message)] if message else []) + self._scored_split_problems()
+
+    def _scored_split_problems(self) -> list[tuple[str, str]]:
+        """A task whose scored splits decontamination cannot see (dataset not ingested) is refused:
+        its images could be in pretraining. Real VQA/VCR test images come without labels but are
+        still ingested (their questions), so this only bites a dataset left out of ingest.datasets."""
+        ingested = set(self.ingest.datasets)
+        unseen = {task: TASK_SPLITS[task] for task in self.finetune.tasks if TASK_SPLITS[task].dataset not in ingested}
+        if not unseen:
+            return []
+        scored = "; ".join(f"{task} scores {ts.dataset} {'/'.join(ts.scored)}" for task, ts in unseen.items())
+        return [("finetune.tasks", f"{scored}: not in ingest.datasets, so decontaminate cannot remove those images "
+                 f"from pretraining (ingest {sorted({ts.dataset for ts in unseen.values()})} or drop "
+                 f"{list(unseen)} from finetune.tasks)")]
+
+    def eval_split_origins(self) -> dict[str, dict[str, list[str]]]:
+        """``{dataset: {split: [origin, ...]}}`` of every split decontamination removes (docs/design.md)."""
+        dec = self.decontaminate
+        return eval_split_origins(dec.eval_splits, self.finetune.tasks, dec.keep_dev_in_pretraining)
+
+    def eval_splits(self) -> dict[str, tuple[str, ...]]:
+        """``{dataset: splits}`` decontamination removes: ``decontaminate.eval_splits`` + every scored split."""
+        dec = self.decontaminate
+        return effective_eval_splits(dec.eval_splits, self.finetune.tasks, dec.keep_dev_in_pretraining)
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON form of these params (for ``_run.json``)."""
+        return hashlib.sha256(json.dumps(to_dict(self), sort_keys=True).encode()).hexdigest()
+
+    def section_digest(self, *names: str) -> str:
+        """sha256 of only the named sections (what a stage actually depends on)."""
+        payload = {n: to_dict(getattr(self, n)) for n in names}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _parse_value(tp: Any, value: Any, key: str) -> Any:
+    """Convert ``value`` to type ``tp`` or raise ParamsError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _parse_value(arg, value, key)
+            except ParamsError as err:
+                errors.append(str(err))
+        raise ParamsError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ParamsError(f"{key}: expected one of {list(args)}, got {value!r}")
+        return value
+    if is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return _parse_dataclass(tp, value, key)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ParamsError(f"{key}: expected one of {[m.value for m in tp]}, got {value!r}") from None
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ParamsError(f"{key}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ParamsError(f"{key}: expected {len(args)} items, got {len(value)}")
+            return tuple(_parse_value(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        item_tp = args[0] if args else Any
+        items = [_parse_value(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items)
+    if origin in (dict, collections.abc.Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{key}: expected a mapping, got {value!r}")
+        ktp, vtp = args if args else (Any, Any)
+        return FrozenDict(
+            {_parse_value(ktp, k, f"{key}.{k}"): _parse_value(vtp, v, f"{key}.{k}") for k, v in value.items()}
+        )
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamsError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .nan / .inf are YAML floats, but no parameter means them
+            raise ParamsError(f"{key}: expected a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key}: expected a string, got {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key}: expected a path string, got {value!r}")
+        return Path(value)
+    raise ParamsError(f"{key}: unsupported type {_type_name(tp)} in schema")
+
+
+def _parse_dataclass(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls) if f.init}
+    dotted = (prefix + ".") if prefix else ""
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        close = {u: _closest(u, known) for u in unknown}
+        hint = "; ".join(f"did you mean '{dotted}{c}'?" for u, c in close.items() if c)
+        raise ParamsError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(dotted + u for u in unknown)}"
+            + (f" ({hint})" if hint else "")
+        )
+    kwargs = {}
+    for name, f in known.items():
+        key = dotted + name
+        if name in raw:
+            kwargs[name] = _parse_scalar_or_value(f, hints[name], raw[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ParamsError(f"missing key {key}")
+    obj = cls(**kwargs)
+    # each key's own range first: the section's rules between keys may then rely on every key being valid
+    problems = range_problems(obj)
+    if not problems and hasattr(obj, "problems"):
+        problems = obj.problems()
+    if problems:
+        raise ParamsError("; ".join(f"{dotted}{key}: {text}" for key, text in problems))
+    return obj
+
+
+def _parse_scalar_or_value(f: dataclasses.Field, tp: Any, value: Any, key: str) -> Any:
+    """``_parse_value``, but a value of the wrong type for a :func:`bounded` key is told the range too."""
+    rng = f.metadata.get("range")
+    try:
+        return _parse_value(tp, value, key)
+    except ParamsError:
+        if rng is None:
+            raise
+        kind = "an integer" if tp is int else "a finite number"
+        raise ParamsError(f"{key}: must be {kind} in {rng}, got {value!r}") from None
+
+
+def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
+    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
+
+    ``needed_by`` (``{dotted key: [stage, ...]}``), when given, limits the check to the keys it names
+    and adds ``(needed by <stages>)`` to each message.
+    """
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if is_dataclass(value):
+            _check_paths(value, key, errors, needed_by)
+            continue
+        if not f.metadata.get("must_exist") or value is None:
+            continue
+        stages = None if needed_by is None else needed_by.get(key, [])
+        if stages == [] or Path(value).exists():
+            continue
+        errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
+
+
+# where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)
+IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
+# source keys that another stage reads, not their dataset's ingest (dvc.yaml's decontaminate deps)
+NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
+# Where Airflow runs live (runs/<run_name>/): this variable, else paths.runs; the deployment's choice
+RUNS_DIR_ENV = "UNITER_RUNS_DIR"
+def source_needs(params: Params) -> dict[str, list[str]]:
+    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
+
+    ingest@D reads ``sources.D`` (but NOT_INGESTED) and the image root of IMAGES_OF[D]; decontaminate
+    reads NOT_INGESTED's keys and the image roots of the pretraining and eval datasets (pHash, only
+    with ``near_duplicates``); extract@S reads ``sources.S.image_root`` for each of ``extract.sources``.
+    """
+    needs: dict[str, list[str]] = {}
+
+    def add(key: str, stage: str) -> None:
+        if stage not in needs.setdefault(key, []):
+            needs[key].append(stage)
+
+    def image_root(dataset: str) -> str:
+        return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
+
+    for dataset in params.ingest.datasets:
+        for f in fields(getattr(params.sources, dataset)):
+            if f"sources.{dataset}.{f.name}" not in NOT_INGESTED:
+                add(f"sources.{dataset}.{f.name}", f"ingest@{dataset}")
+        if dataset in IMAGES_OF:
+            add(image_root(dataset), f"ingest@{dataset}")
+    for key, stage in NOT_INGESTED.items():
+        add(key, stage)
+    dec = params.decontaminate
+    if dec.near_duplicates:
+        for dataset in (*dec.pretrain_datasets, *(d for d, splits in params.eval_splits().items() if splits)):
+            add(image_root(dataset), "decontaminate")
+    for source in params.extract.sources:
+        add(image_root(source), f"extract@{source}")
+    return needs
+
+
+def unread_inputs(params: Params) -> list[str]:
+    """Configured stages whose inputs ``ingest.datasets`` does not produce, one message each (logged, not raised).
+
+    An eval split that decontamination reads but whose dataset is not ingested has no manifest to
+    read; the pretraining stages run fine without it, so this is a warning, not an error. (A fine-tuning
+    task whose dataset is not ingested is refused at parse time: ``Params.problems``.)
+    """
+    ingested = set(params.ingest.datasets)
+    messages = [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d, splits in sorted(params.decontaminate.eval_splits.items()) if splits and d not in ingested]
+    messages += [f"decontaminate.pretrain_datasets: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d in params.decontaminate.pretrain_datasets if d not in ingested]
+    return messages
+
+
+# --------------------------------------------------------------------------------------------
+# overrides and loading
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override to the raw mapping in place (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ParamsError(f"--set expects KEY=VALUE, got {assignment!r}")
+    dotted, text = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"--set {dotted}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+
+
+def load_raw(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"params file not found: {path}")
+    with path.open() as fh:
+        raw = yaml.safe_load(fh) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_paths: bool = True) -> Params:
+    """Parse a raw mapping into :class:`Params`; raise ParamsError naming the key and ``source``.
+
+    Keys that ``pretrain.recipe`` governs and ``raw`` leaves null or absent get that recipe's value
+    first (``params.pretrain.apply_recipe``; ``raw`` itself is not changed)."""
+    if isinstance(raw, Mapping):
+        raw = apply_recipe(copy.deepcopy(dict(raw)))
+    try:
+        params = _parse_dataclass(Params, raw, "")
+    except ParamsError as err:
+        raise ParamsError(f"{source}: {err}") from None
+    for message in unread_inputs(params):
+        log.warning("%s: %s", source, message)
+    if check_paths:
+        errors: list[str] = []
+        if params.world == "real":  # only what the configured stages read: a partial download is fine
+            _check_paths(params.sources, "sources", errors, source_needs(params))
+        for section in ("model", "pretrain", "extract"):
+            _check_paths(getattr(params, section), section, errors)
+        if errors:
+            raise ParamsError(f"{source}: " + "; ".join(errors))
+    return params
+
+
+def load_params(
+    path: Path | str = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True
+) -> Params:
+    """Read ``path``, apply ``--set`` overrides, parse strictly. Raises ParamsError."""
+    raw = load_raw(path)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return parse_params(raw, source=str(path), check_paths=check_paths)
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON-ready plain form of a (nested) config dataclass."""
+    if is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def dump_params(params: Params, path: Path) -> None:
+    """Write params back as YAML (used by Airflow runs to record what they ran with)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(to_dict(params), sort_keys=False))

@@ -1,0 +1,253 @@
+"""``pretrain:`` section: DeepSpeed pretraining (first stage) and the VCR second stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
+    name_problem, subset_problem, weights_problem, zero_stage_problem
+
+# The tasks each stage can draw. model/pretraining.py (PRETRAIN_TASKS) and pipeline/pretrain/pretrain.py keep
+# their own copies because they import torch and this module must not; tests compare them.
+FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage: VCR has no mismatched pairs
+VCR_VIEWS = ("qa", "qar")
+
+# pretrain.datasets -> the pretraining datasets it draws from (the text DBs pretrain_<domain>_* hold them)
+DOMAIN_DATASETS = {"indomain": ("coco", "vg"), "outdomain": ("cc", "sbu")}
+DATASET_CHOICES = {"indomain": ("indomain",), "outdomain": ("outdomain",), "both": ("indomain", "outdomain")}
+# pretrain.dataset_ratio: reference -> UNITER's fixed per-dataset ratios (ChenRocks/UNITER
+# config/pretrain-indomain-base-8gpu.json: COCO and VG with the same task ratios, 1:1;
+# config/pretrain-alldata-base-8gpu.json: COCO 6,8,4,4 / VG 9,12,6,6 / CC 9,12,6,6 / SBU 6,8,4,4,
+# i.e. the same task mix times 2:3:3:2). UNITER ships no out-of-domain-only config: CC:SBU keep
+# their all-data 3:2.
+REFERENCE_DATASET_RATIOS = {"indomain": {"coco": 1.0, "vg": 1.0}, "outdomain": {"cc": 3.0, "sbu": 2.0},
+                            "both": {"coco": 2.0, "vg": 3.0, "cc": 3.0, "sbu": 2.0}}
+
+# pretrain.recipe: the value each recipe gives the keys it governs, where the key is null or absent
+# in params.yaml (an explicit value overrides it; the run record lists such overrides). uniter:
+# UNITER's choices throughout (docs/fidelity.md). project (default): the same, except where a
+# measurement on the mini world showed UNITER's choice fails there (docs/experiments.md): ITM
+# first and the class-name start of the region projection.
+RECIPES = ("uniter", "project")
+DEFAULT_RECIPE = "project"
+RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pretrain.first_phase_steps": {"uniter": 0, "project": 100},
+    "model.region_init": {"uniter": "random", "project": "class_names"},
+    "model.region_feature_norm": {"uniter": "none", "project": "standardize"},
+    "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
+    "pretrain.wra_words": {"uniter": "all", "project": "all"},
+    "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},
+    "pretrain.optim.grad_clip": {"uniter": 5.0, "project": 5.0},
+    "pretrain.vcr.grad_clip": {"uniter": 0.0, "project": 0.0},
+}
+
+
+def recipe_default(key: str, recipe: str = DEFAULT_RECIPE) -> Any:
+    """The value ``recipe`` gives the dotted params ``key`` (the dataclass default is the default recipe's)."""
+    return RECIPE_DEFAULTS[key][recipe]
+
+
+def apply_recipe(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fill every recipe-governed key that ``raw`` (a params mapping) leaves null or absent with the
+    value of ``raw["pretrain"]["recipe"]`` (in place; returns ``raw``). An unknown recipe fills the
+    default recipe's values, so that the strict parser refuses ``pretrain.recipe`` itself."""
+    pretrain = raw.get("pretrain")
+    recipe = pretrain.get("recipe", DEFAULT_RECIPE) if isinstance(pretrain, dict) else DEFAULT_RECIPE
+    if recipe not in RECIPES:
+        recipe = DEFAULT_RECIPE
+    for key, values in RECIPE_DEFAULTS.items():
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                break
+        else:
+            if node.get(leaf) is None:
+                node[leaf] = values[recipe]
+    return raw
+
+
+def recipe_overrides(values: Mapping[str, Any], recipe: str) -> dict[str, Any]:
+    """The governed keys whose value (``values``: dotted key -> parsed value) departs from ``recipe``'s."""
+    out = {}
+    for key, by_recipe in RECIPE_DEFAULTS.items():
+        value = values[key]
+        plain = dict(value) if isinstance(value, Mapping) else value
+        if plain != by_recipe[recipe]:
+            out[key] = plain
+    return out
+
+
+# pretrain.deepspeed: DeepSpeed config sections a user may add or extend (merged over the config the
+# engine builds). Keys that params already set are refused, so one value has one home.
+DEEPSPEED_SECTIONS = ("zero_optimization", "activation_checkpointing", "flops_profiler", "comms_logger",
+                      "wall_clock_breakdown", "memory_breakdown", "steps_per_print", "tensorboard", "csv_monitor",
+                      "wandb", "comet", "aio", "checkpoint", "communication_data_type", "prescale_gradients",
+                      "gradient_predivide_factor", "data_types", "timers", "compile")
+DEEPSPEED_OWNED = {"train_batch_size": "pretrain.world_size x optim.grad_accum",
+                   "train_micro_batch_size_per_gpu": "one token bucket (pretrain.batch_tokens)",
+                   "gradient_accumulation_steps": "pretrain.optim.grad_accum",
+                   "gradient_clipping": "pretrain.optim.grad_clip", "bf16": "pretrain.precision",
+                   "fp16": "pretrain.precision", "optimizer": "pretrain.optim.*", "scheduler": "pretrain.optim.*",
+                   "zero_optimization.stage": "pretrain.zero_stage"}
+
+
+def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
+    """What is wrong with a ``pretrain.deepspeed`` mapping, or None."""
+    for key, value in extra.items():
+        if key in DEEPSPEED_OWNED:
+            return f"{key} is set by {DEEPSPEED_OWNED[key]}; set it there"
+        if key not in DEEPSPEED_SECTIONS:
+            return f"unknown DeepSpeed section {key!r}; expected one of {sorted(DEEPSPEED_SECTIONS)}"
+        if key == "zero_optimization":
+            if not isinstance(value, Mapping):
+                return f"zero_optimization must be a mapping, got {value!r}"
+            if "stage" in value:
+                return f"zero_optimization.stage is set by {DEEPSPEED_OWNED['zero_optimization.stage']}; set it there"
+    return None
+
+
+# What each pretraining stage calls its outputs (data/models/<name>, data/metrics/<name>), from
+# pretrain.out_name; fine-tuning reads the first two.
+PRETRAIN_OUTPUTS = {"pretrain": "{}", "pretrain_vcr": "{}_vcr", "pretrain_masking": "{}_masking_ablation"}
+
+
+def output_name(stage: str, out_name: str) -> str:
+    """``output_name("pretrain_vcr", "pretrain")`` -> ``"pretrain_vcr"``: a pretraining stage's output name."""
+    return PRETRAIN_OUTPUTS[stage].format(out_name)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = bounded(0.01, 0, 1)  # not applied to biases and LayerNorm weights
+    warmup_steps: int = bounded(10, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    # global gradient norm (0: no clipping); UNITER 5.0 (config/pretrain-*.json grad_norm)
+    grad_clip: float = bounded(recipe_default("pretrain.optim.grad_clip"), 0, 1e6)
+    grad_accum: int = bounded(1, 1, 10_000)  # micro-batches (token buckets) per optimizer step
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        return checked(betas=betas_problem(self.betas))
+
+
+@dataclass(frozen=True)
+class VcrStageConfig:
+    """Second stage on VCR text: starts from the first stage's model.safetensors, fresh optimizer."""
+
+    steps: int = bounded(30, 1, MAX_STEPS)
+    mix_ratio: Mapping[str, float] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0})
+    lr: float = bounded(3e-5, 0, 1, lo_open=True)
+    warmup_steps: int = bounded(3, 0, MAX_STEPS)
+    # global gradient norm (0: no clipping); UNITER none (config/pretrain-vcr-*.json grad_norm -1)
+    grad_clip: float = bounded(recipe_default("pretrain.vcr.grad_clip"), 0, 1e6)
+    # qa: question + gold answer; qar: question + gold answer + gold rationale (two datasets)
+    views: tuple[str, ...] = VCR_VIEWS
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        return checked(mix_ratio=weights_problem(self.mix_ratio, VCR_TASKS, " in pretrain_vcr"),
+                       views=subset_problem(self.views, VCR_VIEWS))
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    # uniter | project: the defaults of the keys in RECIPE_DEFAULTS (apply_recipe fills them at parse time)
+    recipe: Literal["uniter", "project"] = DEFAULT_RECIPE
+    steps: int = bounded(350, 1, MAX_STEPS)  # optimizer steps
+    # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
+    mix_ratio: Mapping[str, float] = field(
+        default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
+    )
+    # steps 1..first_phase_steps draw from first_phase_mix instead (0: one mix throughout, as UNITER);
+    # only tasks the mix has on: the phase orders the mix's tasks and never adds one
+    first_phase_steps: int = bounded(recipe_default("pretrain.first_phase_steps"), 0, MAX_STEPS)
+    first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
+    masking: Literal["conditional", "joint"] = "conditional"
+    mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)
+    itm_neg_prob: float = bounded(0.5, 0, 1)
+    wra: bool = True
+    wra_weight: float = bounded(0.1, 0, 1e3)
+    wra_words: Literal["all", "content"] = recipe_default("pretrain.wra_words")  # all: [CLS]/[SEP] too (UNITER)
+    # mrc_kl's KL terms [N, C+1]: mean over all (UNITER) | region_sum (KL per region, C+1 times larger)
+    mrc_kl_reduction: Literal["mean", "region_sum"] = recipe_default("pretrain.mrc_kl_reduction")
+    datasets: Literal["indomain", "outdomain", "both"] = "indomain"
+    # which dataset each step's batch comes from: reference (UNITER's fixed ratios) | size (the
+    # datasets merged, drawn in proportion to their examples) | {dataset: ratio}
+    dataset_ratio: Literal["reference", "size"] | Mapping[str, float] = recipe_default("pretrain.dataset_ratio")
+    batch_tokens: int = bounded(1024, 1, MAX_TOKENS)  # micro batch, per rank: padded text tokens + regions
+    log_every: int = bounded(5, 1, MAX_STEPS)
+    val_every: int = bounded(50, 0, MAX_STEPS)  # 0: validate only at the end
+    val_batches: int = bounded(4, 0, MAX_COUNT)  # held-out batches per task (the same batches in every run)
+    # held-out batches per task behind eval.json (before / after this stage); 0: every val example once.
+    # The val curves use val_batches; the margins the demo checks need the whole val set's precision
+    eval_batches: int = bounded(0, 0, MAX_COUNT)
+    checkpoint_every: int = bounded(50, 0, MAX_STEPS)  # 0: only at the end
+    keep_checkpoints: int = bounded(2, 1, 1000)
+    world_size: int = bounded(1, 1, 4096)  # ranks on this node (GPUs, or CPU processes with gloo)
+    hostfile: Path | None = must_exist(None)  # several nodes: `host slots=N` lines (deepspeed launcher)
+    master_port: int = bounded(0, 0, 65535)  # 0: a free port
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    zero_stage: int = 0  # 0, 1 or 2 (problems(): ZeRO-3 is not supported); >0 only pays off on several ranks
+    num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
+    out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
+    # merged over the DeepSpeed config the engine builds (offload, activation checkpointing, the flops
+    # profiler, ...); DeepSpeed validates the values when the engine starts
+    deepspeed: Mapping[str, Any] = field(default_factory=dict)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    vcr: VcrStageConfig = field(default_factory=VcrStageConfig)
+
+    def first_phase(self) -> tuple[dict[str, float], int]:
+        """The first phase that actually runs: (mix, steps), ``({}, 0)`` when there is none.
+
+        Only tasks ``mix_ratio`` has on stay in it (it orders the mix's tasks, never adds one), so a
+        task-subset ablation without ITM has no ITM-first phase either."""
+        mix = {t: r for t, r in self.first_phase_mix.items() if r > 0 and self.mix_ratio.get(t, 0) > 0}
+        return (mix, self.first_phase_steps) if mix and self.first_phase_steps else ({}, 0)
+
+    def dataset_names(self) -> tuple[str, ...]:
+        """The pretraining datasets ``datasets`` draws from (``indomain`` -> coco, vg)."""
+        return tuple(d for domain in DATASET_CHOICES[self.datasets] for d in DOMAIN_DATASETS[domain])
+
+    def dataset_weights(self) -> dict[str, float] | None:
+        """Each dataset's share of the batches (by ``dataset_ratio``); None: one merged stream per
+        task, datasets drawn in proportion to their examples (``size``)."""
+        if self.dataset_ratio == "size":
+            return None
+        if self.dataset_ratio == "reference":
+            return dict(REFERENCE_DATASET_RATIOS[self.datasets])
+        return {d: float(self.dataset_ratio[d]) for d in self.dataset_names()}
+
+    def _dataset_ratio_problem(self) -> str | None:
+        if isinstance(self.dataset_ratio, str):
+            return None
+        names = self.dataset_names()
+        if set(self.dataset_ratio) != set(names):
+            return (f"must give a ratio to exactly the datasets of pretrain.datasets={self.datasets} {list(names)}, "
+                    f"got {sorted(self.dataset_ratio)} (or use reference / size)")
+        return weights_problem(self.dataset_ratio, names)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them.
+
+        Runs after every bounded key is in range, so ``steps`` is valid when the phase is compared to it."""
+        first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
+        # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
+        # empty"), even with the borrowed decoder weights registered as external parameters
+        out = checked(out_name=name_problem(self.out_name), deepspeed=deepspeed_problem(self.deepspeed),
+                      zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
+                      mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
+                      first_phase_mix=first_mix, dataset_ratio=self._dataset_ratio_problem())
+        if not out and self.first_phase()[1] > self.steps:
+            out.append(("first_phase_steps", f"{self.first_phase_steps} is more than pretrain.steps ({self.steps}); "
+                                             "lower it, or set it to 0 for no first phase"))
+        return out

@@ -1,0 +1,4 @@
+"""What the runs measured, as tables and plots: stage ``results`` (``results``: the results table
+with Meta-Sum), stage ``ablations`` (``ablations``: the masking ablation's table), ``plots``
+(offline PNG/SVG curves), and the ``python -m pipeline report`` tool (``cli``: cleaning reports;
+``results_cli``: results and experiments side by side; ``seed_spread``: spread over seeds)."""

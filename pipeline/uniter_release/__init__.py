@@ -1,2 +1,0 @@
-"""Reading UNITER's released LMDBs (formats, layout) and converting them (images, texts); the stage is
-``pipeline.import_uniter_db``."""
