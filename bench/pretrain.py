@@ -315,7 +315,7 @@ def stage_main(args: argparse.Namespace) -> int:
     import logging
     import tempfile
 
-    from pipeline.pretrain.pretrain import plan_stage
+    from pipeline.pretrain.plan import plan_stage
     from pipeline.training.checkpointing import Checkpointer
     from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
     from pipeline.training.engine import resolve_precision

@@ -19,6 +19,7 @@ With ``pretrain.world_size > 1`` or a hostfile, the stage re-launches itself on 
 through the ``deepspeed`` launcher.
 """
 
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,149 +27,23 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from pipeline.common.ownership import preflight
+from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.params.parser import Params, dump_params, to_dict
-from pipeline.params.pretrain import output_name
-from pipeline.common.ownership import preflight, remove_owned
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
+from pipeline.pretrain.export import Trained, export
+from pipeline.pretrain.plan import StagePlan, check_params, plan_stage
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import in_launched_worker, launch_workers, process_group
-from pipeline.training.loop import LoopResult
 from pipeline.training.task_mix import TaskSchedule
 from pipeline.training.trainer import RunSettings, Trainer
 
 log = logging.getLogger(__name__)
 
-FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
-VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage
-FIRST_STAGE_EVAL = ("itm", "mlm", "mrc_kl")  # always measured: the baseline and masking comparisons need them
 BASELINE_FILE = "baseline.json"
-OTHER_MASKING = {"conditional": "joint", "joint": "conditional"}
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """What one stage trains on and where it writes (resolved from params)."""
-
-    stage: str
-    name: str
-    masking: str  # conditional | joint: how this stage's training batches are masked
-    out_dir: Path
-    metrics_dir: Path
-    ckpt_dir: Path
-    train_sources: tuple[Any, ...]
-    val_sources: tuple[Any, ...]
-    img_root: Path
-    mix_ratio: Mapping[str, float]
-    first_phase_mix: Mapping[str, float]  # what steps 1..first_phase_steps draw from (first stage only)
-    first_phase_steps: int
-    # dataset -> share of the steps (UNITER's fixed ratios); None: the datasets merged, in proportion to size
-    dataset_ratio: Mapping[str, float] | None
-    eval_tasks: tuple[str, ...]
-    steps: int
-    lr: float
-    grad_clip: float  # 0: none
-    warmup_steps: int
-    init_from: Path | None  # VCR: the first stage's export directory
-
-
-def plan_stage(params: Params, stage: str) -> StagePlan:
-    from pipeline.pretrain.inputs import TextSource, first_stage_sources
-
-    cfg, data = params.pretrain, Path(params.paths.data)
-    txt = data / "db" / "txt"
-    masking = cfg.masking
-    if stage in ("pretrain", "pretrain_masking"):
-        name = output_name(stage, cfg.out_name)
-        if stage == "pretrain_masking":
-            masking = OTHER_MASKING[cfg.masking]
-        train, val = (first_stage_sources(txt, cfg.datasets, split) for split in ("train", "val"))
-        mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
-        grad_clip = cfg.optim.grad_clip
-        first_mix, first_steps = cfg.first_phase()
-        drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
-        eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
-        dataset_ratio = cfg.dataset_weights()
-    elif stage == "pretrain_vcr":
-        name = output_name(stage, cfg.out_name)
-        view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("vcr_qar", "gold_rationale")}
-        bad = [v for v in cfg.vcr.views if v not in view_dbs]
-        if bad or not cfg.vcr.views:
-            raise ValueError(f"pretrain.vcr.views: expected a non-empty subset of {sorted(view_dbs)}, got {list(cfg.vcr.views)}")
-        train = tuple(TextSource(txt / f"{view_dbs[v][0]}_train", view_dbs[v][1]) for v in cfg.vcr.views)
-        val = tuple(TextSource(txt / f"{view_dbs[v][0]}_val", view_dbs[v][1]) for v in cfg.vcr.views)
-        mix, steps, lr, warmup = cfg.vcr.mix_ratio, cfg.vcr.steps, cfg.vcr.lr, cfg.vcr.warmup_steps
-        grad_clip = cfg.vcr.grad_clip
-        first_mix, first_steps = {}, 0
-        # both views merged into one stream per task (UNITER's pretrain_vcr.py builds a loader per view,
-        # but under one name per task, so its MetaLoader keeps the QA->R loader only; docs/fidelity.md)
-        dataset_ratio = None
-        init = data / "models" / output_name("pretrain", cfg.out_name)
-        eval_tasks = tuple(sorted(t for t, r in mix.items() if r > 0))
-    else:
-        raise ValueError(f"unknown pretraining stage {stage!r}")
-    return StagePlan(stage=stage, name=name, masking=masking, out_dir=data / "models" / name,
-                     metrics_dir=data / "metrics" / name, ckpt_dir=data / "checkpoints" / name,
-                     train_sources=train, val_sources=val,
-                     img_root=data / "db" / "img", mix_ratio=dict(mix), first_phase_mix=first_mix,
-                     first_phase_steps=first_steps, dataset_ratio=dataset_ratio, eval_tasks=eval_tasks,
-                     steps=steps, lr=lr, grad_clip=grad_clip,
-                     warmup_steps=warmup, init_from=init)
-
-
-def recipe_departures(params: Params) -> dict[str, Any]:
-    """The recipe-governed keys (``params.pretrain.RECIPE_DEFAULTS``) set away from ``pretrain.recipe``'s value."""
-    from pipeline.params.pretrain import RECIPE_DEFAULTS, recipe_overrides
-
-    values = {}
-    for key in RECIPE_DEFAULTS:
-        value: Any = params
-        for part in key.split("."):
-            value = getattr(value, part)
-        values[key] = value
-    return recipe_overrides(values, params.pretrain.recipe)
-
-
-def check_params(params: Params, plan: StagePlan) -> None:
-    """Reject settings the stage cannot run with, naming the params key."""
-    cfg = params.pretrain
-    first = plan.stage != "pretrain_vcr"
-    allowed = FIRST_STAGE_TASKS if first else VCR_TASKS
-    key = "pretrain.mix_ratio" if first else "pretrain.vcr.mix_ratio"
-    unknown = sorted(set(plan.mix_ratio) - set(allowed))
-    if unknown:
-        raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
-    if not any(r > 0 for r in plan.mix_ratio.values()):
-        raise ValueError(f"{key}: at least one task needs a ratio > 0")
-    if first and cfg.first_phase_steps:
-        unknown = sorted(set(cfg.first_phase_mix) - set(allowed))
-        if unknown:
-            raise ValueError(f"pretrain.first_phase_mix: task(s) {unknown} not allowed; expected a subset of "
-                             f"{list(allowed)}")
-        if not any(r > 0 for r in cfg.first_phase_mix.values()):
-            raise ValueError("pretrain.first_phase_mix: at least one task needs a ratio > 0")
-    checks = [
-        (plan.steps >= 1, "steps must be >= 1"), (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
-        (cfg.optim.grad_accum >= 1, "pretrain.optim.grad_accum must be >= 1"),
-        # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
-        # empty"), even with the borrowed decoder weights registered as external parameters
-        (cfg.zero_stage in (0, 1, 2), "pretrain.zero_stage must be 0, 1 or 2 (ZeRO-3 is not supported)"),
-        (cfg.world_size >= 1, "pretrain.world_size must be >= 1"),
-        (cfg.keep_checkpoints >= 1, "pretrain.keep_checkpoints must be >= 1"),
-        (cfg.log_every >= 1, "pretrain.log_every must be >= 1"),
-        (min(cfg.val_every, cfg.checkpoint_every, cfg.val_batches, cfg.num_workers) >= 0,
-         "pretrain.val_every, checkpoint_every, val_batches and num_workers must be >= 0"),
-        (0 < cfg.mask_prob < 1 and 0 <= cfg.itm_neg_prob <= 1, "pretrain.mask_prob in (0, 1), itm_neg_prob in [0, 1]"),
-        (cfg.hostfile is None or Path(cfg.hostfile).exists(), f"pretrain.hostfile {cfg.hostfile} does not exist"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
 
 
 def run(params: Params) -> None:
@@ -220,16 +95,6 @@ def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _by_task(metrics: Mapping[str, float], prefix: str) -> dict[str, dict[str, float]]:
-    """``{"val/mlm/mlm_acc": x}`` -> ``{"mlm": {"mlm_acc": x}}``."""
-    out: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        head, task, metric = key.split("/", 2)
-        if head == prefix:
-            out.setdefault(task, {})[metric] = value
-    return {t: dict(sorted(m.items())) for t, m in sorted(out.items())}
-
-
 def _baseline(trainer: Trainer, engine, val, plan: StagePlan) -> dict[str, float]:
     """Held-out metrics of the model before this stage trained it (computed once, kept with the checkpoints)."""
     from pipeline.training.metrics import evaluate
@@ -241,23 +106,6 @@ def _baseline(trainer: Trainer, engine, val, plan: StagePlan) -> dict[str, float
     if trainer.dist.is_main:
         atomic_write_json(path, metrics)
     return metrics
-
-
-@dataclass
-class Trained:
-    """What one rank's run of a pretraining stage produced, for :func:`_export`."""
-
-    engine: Any
-    spec: Any  # model_io.ModelSpec: the export's model_config.json
-    txt_meta: Mapping[str, Any]  # the first training text DB's meta (tokenizer, vocabulary)
-    loop: LoopResult
-    baseline: dict[str, float]  # eval.json's held-out metrics before training ...
-    final: dict[str, float]  # ... after it ...
-    text_only: dict[str, float]  # ... and after it with the image masked out (MLM)
-    held_out: dict[str, list[dict[str, Any]]]  # the held-out batches those metrics are over
-    schedule: TaskSchedule
-    streams: Mapping[str, Any]
-    region_fit: Any  # the region projection's fit report (None: not fitted here)
 
 
 def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]) -> RunSettings:
@@ -308,10 +156,10 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         loop_start = time.time()
         loop = trainer.fit(engine, schedule=schedule, streams=streams, val_batches=val if cfg.val_batches else {})
         final, text_only, eval_timings = _final_eval(trainer, engine, final_val)
-        # _run.json's wall-time split; the loop timed its own phases, "export" is added by _export
+        # _run.json's wall-time split; the loop timed its own phases, "export" is added by export
         loop.timings_s = {"startup": round(baseline_start - started, 3),
                           "baseline_eval": round(loop_start - baseline_start, 3), **loop.timings_s, **eval_timings}
-        _export(params, plan, trainer, Trained(engine=engine, spec=spec, txt_meta=train_dbs[0].meta, loop=loop,
+        export(params, plan, trainer, Trained(engine=engine, spec=spec, txt_meta=train_dbs[0].meta, loop=loop,
                                                baseline=baseline, final=final, text_only=text_only,
                                                held_out=final_val, schedule=schedule, streams=streams,
                                                region_fit=region_fit), started)
@@ -368,88 +216,3 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
     return model, spec, region_fit
 
 
-def _held_out_counts(val: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
-    """This rank's held-out batches, examples and (ITM) matched pairs per task: the majority-class
-    rate ``max(p, 1 - p)`` of ITM is the accuracy a model gets without looking at the pairs."""
-    out = {}
-    for task, batches in val.items():
-        counts = {"batches": len(batches), "examples": sum(int(b["input_ids"].shape[0]) for b in batches)}
-        if task == "itm":
-            counts["matched"] = sum(int(b["itm_targets"].sum()) for b in batches)
-        out[task] = counts
-    return out
-
-
-def _eval_report(params: Params, plan: StagePlan, run: Trained, held_out: Mapping[str, Any],
-                 world_size: int) -> dict[str, Any]:
-    """eval.json: what the stage trained on and its held-out metrics before and after training."""
-    from pipeline.training.engine import resolve_precision
-
-    cfg = params.pretrain
-    return {
-        "stage": plan.stage, "steps": plan.steps, "masking": plan.masking, "wra": cfg.wra,
-        "datasets": list(cfg.vcr.views) if plan.stage == "pretrain_vcr" else cfg.datasets,
-        "mix_ratio": dict(sorted(plan.mix_ratio.items())), "world_size": world_size,
-        "recipe": cfg.recipe, "recipe_overrides": recipe_departures(params),
-        "dataset_ratio": dict(sorted(plan.dataset_ratio.items())) if plan.dataset_ratio else "size",
-        "precision": resolve_precision(cfg.precision, run.engine.device),
-        "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
-        if plan.first_phase_steps else None,
-        "held_out": held_out,
-        "no_pretraining": _by_task(run.baseline, "val"), "pretrained": _by_task(run.final, "val"),
-        "pretrained_text_only": _by_task(run.text_only, "val_text_only"),
-    }
-
-
-def _run_record(params: Params, plan: StagePlan, run: Trained, digests: list[Any], world_size: int) -> RunRecord:
-    """_run.json: inputs, step counts (per task and stream, every rank's task digest) and sizes."""
-    from pipeline.pretrain.model_io import MODEL_FILE
-
-    record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
-    for s in plan.train_sources + plan.val_sources:
-        record.inputs[s.path.name] = s.path
-    if plan.init_from is not None:
-        record.inputs["init"] = plan.init_from / MODEL_FILE
-    record.counts = {"steps": plan.steps, "resumed_from_step": run.loop.start_step,
-                     "task_steps": run.schedule.counts(plan.steps),
-                     "stream_steps": run.schedule.stream_counts(plan.steps), "world_size": world_size,
-                     "task_sequence_sha256_by_rank": digests,
-                     "train_examples": {t: len(s.dataset) for t, s in run.streams.items()},
-                     "parameters": sum(p.numel() for p in run.engine.module.parameters()),
-                     "region_init": (run.region_fit or params.model.region_init) if plan.init_from is None else None}
-    record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
-    return record
-
-
-def _export(params: Params, plan: StagePlan, trainer: Trainer, run: Trained, started: float) -> None:
-    """Rank 0 writes ``data/models/<name>/`` atomically; then the checkpoints are dropped."""
-    import torch.distributed as tdist
-
-    from pipeline.training.checkpointing import save_safetensors
-    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, model_json
-
-    dist, export_start = trainer.dist, time.time()
-    digests: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(digests, run.loop.task_digest)  # every rank must have run the same tasks
-    shares: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(shares, _held_out_counts(run.held_out))
-    if dist.is_main:
-        state = trainer.final_state(run.engine)
-        held_out = {t: {k: sum(share[t][k] for share in shares) for k in shares[0][t]} for t in shares[0]}
-        report = _eval_report(params, plan, run, held_out, dist.world_size)
-        record = _run_record(params, plan, run, digests, dist.world_size)
-        with atomic_dir(plan.out_dir, stage=plan.stage) as tmp:
-            save_safetensors(state, tmp / MODEL_FILE)
-            atomic_write_json(tmp / CONFIG_FILE, model_json(run.spec, run.txt_meta, stage=plan.stage,
-                                                            steps=plan.steps))
-            atomic_write_json(tmp / "eval.json", report)
-            record.extra["timings_s"] = {**run.loop.timings_s, "export": round(time.time() - export_start, 3)}
-            record.write(tmp)
-    tdist.barrier()
-    if dist.is_main:
-        remove_owned(plan.ckpt_dir)
-        final = report["pretrained"]
-        summary = ", ".join(f"{t} {k}={v:.3f}" for t, m in final.items() for k, v in m.items() if k.endswith("acc"))
-        log.info("%s: %d steps on %d rank(s) in %.0fs (resumed from step %d); held-out %s -> %s", plan.stage,
-                 plan.steps, dist.world_size, time.time() - started, run.loop.start_step, summary or "-",
-                 plan.out_dir)

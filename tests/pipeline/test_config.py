@@ -220,7 +220,7 @@ def test_paths_that_are_paths_may_point_anywhere(tmp_path):
 def test_the_task_lists_match_the_modules_that_use_them():
     """The config keeps its own copies of the task names (it must not import torch): they agree."""
     from model.pretraining import PRETRAIN_TASKS
-    from pipeline.pretrain import pretrain
+    from pipeline.pretrain import plan as pretrain
     from pipeline.params import pretrain as cfg
     from pipeline.finetune.tasks import TASK_CLASSES
 

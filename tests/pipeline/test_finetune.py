@@ -241,7 +241,8 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     from pipeline.finetune.tasks import task_class
     from pipeline.finetune.tasks.base import TaskContext
     from pipeline.finetune.runner import RunPlan, build_model
-    from pipeline.pretrain.pretrain import _build_model, plan_stage
+    from pipeline.pretrain.plan import plan_stage
+    from pipeline.pretrain.pretrain import _build_model
     from pipeline.pretrain.inputs import open_sources
     from pipeline.pretrain.model_io import read_exported
 

@@ -163,7 +163,7 @@ def test_lock_keys_follow_the_names_pretraining_writes():
     """locking mirrors two facts of the training code without importing torch: the output name of
     each pretraining stage and the launcher's environment."""
     from pipeline.common.locking import PRETRAIN_OUTPUTS
-    from pipeline.pretrain.pretrain import plan_stage
+    from pipeline.pretrain.plan import plan_stage
     from pipeline.training.launch import LAUNCH_ENV
 
     assert tuple(LAUNCHER_ENV) == tuple(LAUNCH_ENV)

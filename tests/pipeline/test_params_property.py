@@ -81,7 +81,7 @@ def _blames(message: str, key: str) -> bool:
 def _pre_work_checks(params) -> None:
     """What the stages run on params before they do any work (no files are read)."""
     from pipeline.finetune import finetune
-    from pipeline.pretrain import pretrain
+    from pipeline.pretrain import plan as pretrain
     from pipeline.extract.detector.selection import num_kept
     from pipeline.decontam.phash import near_duplicate_pairs
     from pipeline.extract.extract import targets

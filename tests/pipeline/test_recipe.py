@@ -46,7 +46,7 @@ def test_dataclass_defaults_are_the_default_recipe():
 
 
 def test_explicit_keys_override_the_recipe_and_are_recorded():
-    from pipeline.pretrain.pretrain import recipe_departures
+    from pipeline.pretrain.plan import recipe_departures
 
     params = load_params(overrides=["pretrain.recipe=uniter", "pretrain.first_phase_steps=100",
                                     "pretrain.optim.grad_clip=2.0"], check_paths=False)
