@@ -154,8 +154,3 @@ def near_duplicate_pairs(
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     pairs = np.unique(np.stack([np.concatenate(found_q), np.concatenate(found_r).astype(np.int64)], axis=1), axis=0)
     return pairs[:, 0], pairs[:, 1]
-
-
-def hamming(a: int, b: int) -> int:
-    """Hamming distance of two 64-bit hashes."""
-    return (a ^ b).bit_count()

@@ -152,23 +152,16 @@ def _tail_complete(path: Path, fmt: str | None) -> str | None:
     return None if ok else "truncated: no PNG IEND chunk"
 
 
-def probe_image(path: Path | str, *, full: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """Check an image file and return its reject reason, or None if it is usable.
-
-    Cheap by default: existence, non-empty, a parseable header within ``max_pixels``, and for
-    JPEG/PNG the end-of-image marker. With ``full=True`` the image is decoded completely
-    (:func:`decode_image`), which also catches corruption inside the compressed data.
-
-    Returns:
-        None, ``"missing_image"`` or ``"unreadable_image"``.
-    """
-    return probe_image_detail(path, full=full, max_pixels=max_pixels)[0]
-
-
 def probe_image_detail(
     path: Path | str, *, full: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[str | None, str]:
-    """Like :func:`probe_image` but also returns a human-readable detail ("" when usable)."""
+    """Check an image file: ``(reject reason, human-readable detail)``, ``(None, "")`` if it is usable.
+
+    Cheap by default: existence, non-empty, a parseable header within ``max_pixels``, and for
+    JPEG/PNG the end-of-image marker. With ``full=True`` the image is decoded completely
+    (:func:`decode_image`), which also catches corruption inside the compressed data. The reason
+    is ``"missing_image"`` or ``"unreadable_image"``.
+    """
     path = Path(path)
     try:
         if full:

@@ -8,7 +8,6 @@ scene graph). Same params and seed => byte-identical tree.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -41,16 +40,6 @@ WRITERS: tuple[tuple[str, Callable[[World], None]], ...] = (
     ("cc", write_cc),
     ("sbu", write_sbu),
 )
-
-
-# The smallest world that still plants every overlap kind and URL variant (tests of every stage).
-SMALL_SIZES = dict(n_coco=120, n_vg_only=20, n_flickr30k=50, n_cc=40, n_sbu=30, n_vcr=20, n_nlvr2_pairs=30,
-                   n_vqa_test=8, n_refcoco_images=30, n_planted_each=6, vqa_questions_per_image=2)
-
-
-def small_config(out_dir: Path | str, **overrides: Any) -> MiniWorldConfig:
-    """A MiniWorldConfig of ~350 images (a few seconds to generate) for tests."""
-    return dataclasses.replace(MiniWorldConfig(), out_dir=Path(out_dir), **(SMALL_SIZES | overrides))
 
 
 def generate(cfg: MiniWorldConfig, seed: int, out_dir: Path | str | None = None,

@@ -16,7 +16,7 @@ dataset's images are its own image source: coco, vg, cc, sbu), one dataset's str
 one loader per (task, dataset); its ITM negatives then come from that dataset's images, as UNITER's do.
 
 >>> ds = open_pretrain_dataset("mlm", ["data/db/txt/pretrain_indomain_train"], "data/db/img", seed=1)
->>> sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=4096, seed=1)
+>>> sampler = TokenBucketSampler(ds.txt_lens, ds.img_lens, batch_tokens=4096, seed=1)  # pipeline.training.batching
 >>> loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_pretrain, num_workers=2)
 """
 
@@ -28,10 +28,9 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from model.masking import mask_example
-from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
 
 TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
@@ -184,14 +183,3 @@ def open_pretrain_dataset(task: str, txt_db_dirs: Sequence[Path | str], img_db_r
     txt_dbs = [TextDb(p) for p in txt_db_dirs]
     names = sorted({n for db in txt_dbs for n in db.img_db_names})
     return PretrainDataset(txt_dbs, ImageDbGroup(img_db_root, names), task=task, **kwargs)
-
-
-def pretrain_loader(dataset: PretrainDataset, *, batch_tokens: int, seed: int, rank: int = 0, world_size: int = 1,
-                    num_workers: int = 0, bucket_size: int = 8192) -> tuple[DataLoader, TokenBucketSampler]:
-    """A DataLoader over ``dataset`` with a :class:`TokenBucketSampler`; call ``sampler.set_epoch``
-    and ``dataset.set_epoch`` together at each epoch."""
-    sampler = TokenBucketSampler(dataset.txt_lens, dataset.img_lens, batch_tokens=batch_tokens,
-                                 bucket_size=bucket_size, seed=seed, rank=rank, world_size=world_size)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_pretrain, num_workers=num_workers,
-                        persistent_workers=False, pin_memory=False)
-    return loader, sampler

@@ -230,19 +230,6 @@ class LmdbWriter:
         ) from err
 
 
-def write_lmdb(out_dir: Path, items: Iterable[tuple[str, bytes]], *, commit_every: int) -> LmdbWriter:
-    """Write sorted ``(key, encoded value)`` items as ``out_dir/data.mdb``; returns the writer (stats)."""
-    writer = LmdbWriter(Path(out_dir) / ".work", commit_every=commit_every)
-    try:
-        for key, value in items:
-            writer.put(key, value)
-        writer.finish(out_dir)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer
-
-
 # --------------------------------------------------------------------------------------------
 # readers
 

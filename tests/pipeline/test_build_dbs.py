@@ -274,7 +274,8 @@ def test_build_dbs_on_real_mini_world_manifests(tmp_path):
     from pipeline.decontam import decontaminate
     from pipeline.ingest import ingest
     from pipeline.params.parser import load_params, to_dict
-    from pipeline.mini_world import generate, small_config
+    from helpers.mini_world import small_config
+    from pipeline.mini_world import generate
     from dbs_synthetic import write_features
 
     base = load_params(ROOT / "params.yaml")

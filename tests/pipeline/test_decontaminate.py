@@ -335,7 +335,8 @@ def mini_chain(tmp_path_factory):
     from pipeline.ingest import ingest
     from pipeline.__main__ import main
     from pipeline.params.parser import to_dict
-    from pipeline.mini_world import generate, small_config
+    from helpers.mini_world import small_config
+    from pipeline.mini_world import generate
 
     base = load_params(REPO / "params.yaml")
     root = tmp_path_factory.mktemp("mini_chain")

@@ -20,7 +20,8 @@ import pytest
 from pipeline.params.parser import load_params, load_raw
 from pipeline.ingest.download import RUN_FILE, URL_LIST, run
 from pipeline.ingest.ingest import ingest_dataset
-from pipeline.mini_world import generate, small_config
+from helpers.mini_world import small_config
+from pipeline.mini_world import generate
 from pipeline.mini_world.shards import SHARD_SCHEMA
 from pipeline.ingest.sources.records import URL_RE
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.ingest.image_io import ImageRejected, decode_image, probe_image, probe_image_detail
+from helpers.images import probe_image
+from pipeline.ingest.image_io import ImageRejected, decode_image, probe_image_detail
 
 
 def _noise_jpeg(path: Path, size=(64, 48), quality=90) -> Path:

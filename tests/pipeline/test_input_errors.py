@@ -23,7 +23,8 @@ from pipeline.extract.detector.checkpoint import read_state
 from pipeline.ingest.manifest import ParquetStreamWriter, manifest_schema
 from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.sources.records import MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records, load_json
-from pipeline.stores.lmdb_store import DiskFullError, write_lmdb
+from helpers.stores import write_lmdb
+from pipeline.stores.lmdb_store import DiskFullError
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "pipeline"))

@@ -20,7 +20,8 @@ from PIL import Image
 
 from pipeline.params.parser import load_raw
 from pipeline.params.world import SourcesConfig
-from pipeline.mini_world import generate, small_config
+from helpers.mini_world import small_config
+from pipeline.mini_world import generate
 from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE

@@ -23,7 +23,8 @@ import pytest
 from PIL import Image
 
 from pipeline.params.world import MiniWorldConfig
-from pipeline.mini_world import generate, small_config
+from helpers.mini_world import small_config
+from pipeline.mini_world import generate
 from pipeline.mini_world.web import REFCOCO_ONLY, VQA_TEST_ONLY
 
 FLICKR_RE = re.compile(r"^https?://(?:farm\d+\.static\.flickr\.com|farm\d+\.staticflickr\.com|live\.staticflickr\.com"

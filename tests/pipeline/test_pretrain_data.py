@@ -9,7 +9,8 @@ import torch
 
 from dbs_synthetic import built_world
 from pipeline.training.batching import TokenBucketSampler, collate_pretrain
-from pipeline.pretrain.datasets import PretrainDataset, open_pretrain_dataset, pretrain_loader
+from helpers.pretrain import pretrain_loader
+from pipeline.pretrain.datasets import PretrainDataset, open_pretrain_dataset
 
 CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
 

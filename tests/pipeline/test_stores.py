@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.common.ownership import OWNER_FILE
 from pipeline.common.runinfo import atomic_dir
-from pipeline.stores.lmdb_store import LmdbReader, LmdbWriter, decode_value, encode_value, write_lmdb
+from helpers.stores import write_lmdb
+from pipeline.stores.lmdb_store import LmdbReader, LmdbWriter, decode_value, encode_value
 
 
 def sample_record(rng: np.random.Generator, n: int) -> dict:

@@ -11,7 +11,8 @@ from torch import nn
 
 from finetune_world import budget, ft_params, world
 from model.tasks import TaskOutput
-from pipeline.stores.lmdb_store import TextDb, encode_value, write_lmdb
+from helpers.stores import write_lmdb
+from pipeline.stores.lmdb_store import TextDb, encode_value
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 
