@@ -18,7 +18,7 @@ export OMP_WAIT_POLICY := PASSIVE
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup setup-download demo ablations seeds test test-full test-fast gpu-check airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup setup-download demo ablations seeds test test-full test-fast test-unit gpu-check airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -56,7 +56,8 @@ ablations: $(STAMP)
 # runs (SQLite + LocalExecutor, and side by side PostgreSQL + Celery where those services run).
 # Two pytest workers, one test file each at a time: most of the end-to-end time is single-
 # threaded process start-up, so the Airflow runs and the unit tests fill the second core.
-# `test-full` adds the default-params run (the demo, marker `demo`).
+# `test-full` adds the default-params run (the demo, marker `demo`); `test-fast` leaves out the
+# end-to-end and Airflow runs; `test-unit` also every stage run and training (marker `stage`).
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # tests/pipeline/test_download.py runs the real img2dataset
@@ -68,6 +69,10 @@ test-full: $(STAMP) $(DL_STAMP)
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "not e2e and not airflow and not demo"
+
+# The unit tests only: no stage runs, no training (markers `stage` and `slow` left out), <= 2 min.
+test-unit: $(STAMP)
+	$(PYTEST) -m "not e2e and not airflow and not demo and not slow and not stage"
 
 # The one-GPU check (docs/gpu.md): extraction, pretraining MFU, fine-tuning steps/s and bf16
 # numerics in <= 8 min on one GPU -> $(OUT_JSON) (default gpu_check.json). DRY=1: the same script

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_check.py"
 

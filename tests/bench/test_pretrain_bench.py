@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "pretrain.py"
 ROWS = ("bare", "plain", "engine", "loop", "loop+log")

@@ -254,6 +254,7 @@ def test_a_task_runs_the_same_stage_command_as_dvc(stage, item):
     assert " ".join(["python", *cmd[1:]]) == dvc_cmd + " --params runs/r/params.yaml"
 
 
+@pytest.mark.stage  # runs the mini_world stage
 def test_run_stage_streams_a_real_stage_and_records_its_outputs(tmp_path, monkeypatch):
     """The mini_world stage through the task helper, in a tiny run dir: its log lines reach the task
     log, the world lands inside the run, and outputs.json holds its digest."""

@@ -8,6 +8,8 @@ import pytest
 
 from dbs_synthetic import params_for
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 HELD_OUT = {"mlm": {"batches": 4, "examples": 100}}
 BASE = {"steps": 100, "wra": True, "datasets": "indomain", "mix_ratio": {"itm": 2.0, "mlm": 2.0}, "held_out": HELD_OUT}
 CONDITIONAL = {**BASE, "masking": "conditional",

@@ -24,6 +24,8 @@ from pipeline.stores.text_db_builder import pretrain_specs
 from pipeline.stores.tokenization import WordPieceTokenizer, default_vocab_path
 from pipeline.stores.vqa_answers import answer_score, normalize_answer
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 OVERRIDES = ("build_dbs.commit_every=2", "build_dbs.vqa_min_answer_count=1")
 TEXT_DBS = {
     *(f"pretrain_{d}_{s}" for d in ("indomain", "outdomain") for s in ("train", "val")),

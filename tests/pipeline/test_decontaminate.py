@@ -19,6 +19,8 @@ from pipeline.decontam import decontaminate
 from pipeline.params.parser import load_params
 from pipeline.decontam.phash import phash_file
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 REPO = Path(__file__).resolve().parents[2]
 CORE = ["example_id", "dataset", "split", "image_source", "image_id", "image_path", "url", "text"]
 EXTRA = {

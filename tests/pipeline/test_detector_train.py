@@ -19,6 +19,8 @@ from pipeline.extract.detector.extractor import RegionExtractor, Regions  # noqa
 from pipeline.extract.train_detector import SceneImage, box_iou, class_table, load_scenes, run, score_regions  # noqa: E402
 from pipeline.ingest.image_io import decode_image  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

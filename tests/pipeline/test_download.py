@@ -25,6 +25,8 @@ from pipeline.mini_world import generate
 from pipeline.mini_world.shards import SHARD_SCHEMA
 from pipeline.ingest.sources.records import URL_RE
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 REPO = Path(__file__).resolve().parents[2]
 IMG2DATASET = REPO / ".venv-img2dataset" / "bin" / "img2dataset"
 N_404 = 3  # rows whose image the server does not have, beside the world's planted missing image

@@ -23,6 +23,8 @@ from finetune_world import ROOT, budget, ft_params, world  # noqa: E402
 from pipeline.params.finetune import TASK_SPLITS, TASKS  # noqa: E402
 from pipeline.common.runinfo import file_digest  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:

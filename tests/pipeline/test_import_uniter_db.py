@@ -34,6 +34,8 @@ from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import UnsafeEntryError
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 D, C1 = 8, 5  # feature dim, classes + background
 FEAT = "feat_th0.2_max100_min10"
 NBB = "nbb_th0.2_max100_min10.json"

@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "pipeline" / "sources"))
 from source_fixtures import fixture_overrides  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 
 def test_seen_keys_matches_a_python_set():
     rng = np.random.default_rng(0)

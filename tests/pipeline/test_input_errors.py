@@ -32,6 +32,8 @@ sys.path.insert(0, str(REPO / "tests" / "pipeline" / "sources"))
 from dbs_synthetic import write_features  # noqa: E402
 from source_fixtures import FIXTURES, fixture_overrides  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 # --------------------------------------------------------------------------------------------
 # a whole-file JSON source cut short
 

@@ -26,6 +26,8 @@ from pipeline.common.locking import (BUSY_EXIT, LAUNCHER_ENV, WAIT_ENV, LockBusy
                               stage_keys, stage_lock, stage_locks, wait_from_env)
 from pipeline.common.runinfo import RunRecord, file_digest
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -27,6 +27,8 @@ from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE
 from pipeline.common.runinfo import tree_digest
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 COLOURS = ("red", "green", "blue", "yellow", "purple")
 SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")
 NUMBERS = {w: i for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"))}

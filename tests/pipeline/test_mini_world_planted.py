@@ -27,6 +27,8 @@ from helpers.mini_world import small_config
 from pipeline.mini_world import generate
 from pipeline.mini_world.web import REFCOCO_ONLY, VQA_TEST_ONLY
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 FLICKR_RE = re.compile(r"^https?://(?:farm\d+\.static\.flickr\.com|farm\d+\.staticflickr\.com|live\.staticflickr\.com"
                        r"|static\.flickr\.com)/\d+/(\d+)_[0-9a-f]+(?:_[a-z])?\.jpg$")
 OVERLAP_KINDS = {("coco", "flickr_photo_id"), ("vg", "coco_id"), ("vg", "flickr_photo_id"), ("cc", "flickr_photo_id"),

@@ -20,6 +20,8 @@ from dbs_synthetic import ROOT, built_world, params_for
 from pipeline.common.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
 from pipeline.common.runinfo import atomic_dir
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 
 def decoy(path: Path) -> Path:
     """A user's folder: one file and a subfolder, no marker."""

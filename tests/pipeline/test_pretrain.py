@@ -22,6 +22,8 @@ from dbs_synthetic import ROOT, built_world, params_for
 from pipeline.common.ownership import OWNER_FILE
 from pipeline.common.runinfo import file_digest
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 FAST = ["model.preset=tiny", "model.init_from_bert=false", "pretrain.batch_tokens=400", "pretrain.val_batches=2",
         "pretrain.log_every=1", "pretrain.optim.lr=0.005", "pretrain.optim.warmup_steps=2", "pretrain.num_workers=0",
         "pretrain.vcr.lr=0.002", "pretrain.vcr.warmup_steps=1", "pretrain.first_phase_steps=0"]

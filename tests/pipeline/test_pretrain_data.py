@@ -12,6 +12,8 @@ from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from helpers.pretrain import pretrain_loader
 from pipeline.pretrain.datasets import PretrainDataset, open_pretrain_dataset
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
 
 

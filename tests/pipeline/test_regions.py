@@ -23,6 +23,8 @@ from pipeline.extract.detector.runner import STOP_ENV, ExtractionInterrupted  # 
 from pipeline.extract.detector.shards import read_shard  # noqa: E402
 from pipeline.extract.extract import detected_items, run  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:
     return write_world(tmp_path_factory.mktemp("extract_world"))

@@ -15,6 +15,8 @@ from rich.console import Console
 
 from dbs_synthetic import params_for
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 VQA = {"task": "vqa", "steps": 40, "chance": {"test/accuracy": 30.0, "val/accuracy": 31.0},
        "summary": {"test/accuracy": {"label": "VQA test acc", "pretrained": 71.5, "scratch": 60.25, "gain": 11.25,
                                      "chance": 30.0}}}

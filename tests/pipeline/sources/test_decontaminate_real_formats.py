@@ -18,6 +18,8 @@ from pipeline.decontam import decontaminate
 from pipeline.ingest import ingest
 from pipeline.params.parser import load_params
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 REPO = Path(__file__).resolve().parents[3]
 PID = {11: 5000000011, 12: 5000000012, 13: 5000000013}  # Flickr photo ids of the COCO train2014 images
 COCO = "http://images.cocodataset.org/{split}/COCO_{split}_{id:012d}.jpg"

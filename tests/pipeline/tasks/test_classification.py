@@ -16,6 +16,8 @@ from pipeline.stores.lmdb_store import TextDb, encode_value
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 TASKS = ("nlvr2", "snli_ve")
 
 

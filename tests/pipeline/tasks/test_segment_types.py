@@ -17,6 +17,8 @@ from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 from pipeline.pretrain.inputs import TextSource, open_sources
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 VIEWS = {"qa": ("vcr_qa_train", "gold_answer"), "qar": ("vcr_qar_train", "gold_rationale")}
 
 

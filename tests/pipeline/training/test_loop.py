@@ -20,6 +20,8 @@ from pipeline.training.metrics import MetricsLogger
 from pipeline.training.streams import BatchStream
 from pipeline.training.task_mix import TaskSchedule
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 
 class Crash(RuntimeError):
     pass

@@ -17,6 +17,8 @@ if str(TESTS_PIPELINE) not in sys.path:  # dbs_synthetic lives one level up
 
 from dbs_synthetic import built_world  # noqa: E402
 
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
