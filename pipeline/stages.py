@@ -25,7 +25,8 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
-        Stage("download", "pipeline.ingest.download:run", "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
+        Stage("download", "pipeline.ingest.download:run",
+              "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
               item="dataset", check_paths=False),
         Stage("ingest", "pipeline.ingest.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
         Stage("decontaminate", "pipeline.decontam.decontaminate:run", "remove eval images from pretraining; reports"),

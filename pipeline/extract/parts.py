@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pipeline.params.parser import Params
 from pipeline.extract.detector.runner import (ExtractSettings, RunSummary, ShardJob, finished, plan_shards,
-                                      remove_stale_files, run_shards, settings_record)
+                                              remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
 from pipeline.common.ownership import claim_dir, remove_owned
 from pipeline.extract.extract import detector_meta, feature_dir, make_settings, select, write_outputs

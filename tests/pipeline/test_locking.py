@@ -23,7 +23,7 @@ import pytest
 
 from dbs_synthetic import ROOT, built_world, params_for, write_world
 from pipeline.common.locking import (BUSY_EXIT, LAUNCHER_ENV, WAIT_ENV, LockBusy, lock_path, read_holder, sanitize,
-                              stage_keys, stage_lock, stage_locks, wait_from_env)
+                                     stage_keys, stage_lock, stage_locks, wait_from_env)
 from pipeline.common.runinfo import RunRecord, file_digest
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)

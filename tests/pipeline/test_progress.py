@@ -1,4 +1,5 @@
-"""pipeline.common.progress: a tqdm bar on a terminal; elsewhere a log line at most every interval, and one at the end."""
+"""pipeline.common.progress: a tqdm bar on a terminal; elsewhere a log line at most every interval,
+and one at the end."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 A task (one subclass of :class:`FinetuneTask` per module of this package; NLVR2 and SNLI-VE through
 ``pipeline.finetune.tasks.classification``) knows its text DBs, how an example becomes rows
-(``pipeline.finetune.tasks.rows``), which ``model.tasks`` head it trains, and how it is evaluated. The runner (``pipeline.finetune.runner``) does the rest the same way for all six.
+(``pipeline.finetune.tasks.rows``), which ``model.tasks`` head it trains, and how it is evaluated.
+The runner (``pipeline.finetune.runner``) does the rest the same way for all six.
 """
 
 from __future__ import annotations

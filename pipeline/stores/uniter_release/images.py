@@ -25,7 +25,7 @@ from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json, fi
 from pipeline.ingest.sources.records import SourceFormatError
 from pipeline.stores.lmdb_store import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 from pipeline.stores.uniter_release.formats import (KEYS_ENTRY, EntryFormatError, decode_image_entry, feature_db_name,
-                                             image_record, nbb_file_name, rule_num_bb)
+                                                    image_record, nbb_file_name, rule_num_bb)
 from pipeline.stores.uniter_release.layout import image_id
 
 log = logging.getLogger(__name__)

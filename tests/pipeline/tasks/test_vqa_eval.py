@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.finetune.tasks.vqa_eval import (CONTRACTIONS, evaluate_predictions, normalize_prediction, process_punctuation,
-                                     question_accuracy, submission)
+from pipeline.finetune.tasks.vqa_eval import (CONTRACTIONS, evaluate_predictions, normalize_prediction,
+                                              process_punctuation, question_accuracy, submission)
 from pipeline.stores.vqa_answers import answer_score
 
 
