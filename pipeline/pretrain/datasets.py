@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from model.masking import mask_example
-from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+from pipeline.stores.readers import ImageDbGroup, TextDb
 
 TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 _MASK64 = (1 << 64) - 1

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from model.config import TEXT_TYPE, VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE
-from pipeline.stores.lmdb_store import TextDb
+from pipeline.stores.readers import TextDb
 
 
 def vcr_sequence(special: Mapping[str, int], question: Sequence[int], answer: Sequence[int],

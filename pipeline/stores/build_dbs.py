@@ -22,8 +22,9 @@ from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.common.ownership import remove_owned
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, ImageDb,
-                                        LmdbWriter, encode_value, read_json)
+from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
+                                        encode_value)
+from pipeline.stores.readers import ImageDb, read_json
 from pipeline.stores.text_db_builder import (TextDbSpec, nlvr2_specs, pretrain_specs, refcoco_specs, retrieval_specs,
                                              snli_ve_specs, vqa_specs)
 from pipeline.stores.tokenization import WordPieceTokenizer

@@ -15,7 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.stores.lmdb_store import ImageDb, TextDb, open_db
+from pipeline.stores.readers import ImageDb, TextDb, open_db
 
 ID_FIELDS = ("input_ids", "choices", "answer_choices")
 

@@ -19,7 +19,7 @@ from dbs_synthetic import ROOT, write_world, params_for
 from pipeline.common.ownership import OWNER_FILE
 from pipeline.stores.build_dbs import run
 from pipeline.stores.db_cli import main as db_main
-from pipeline.stores.lmdb_store import ImageDb, TextDb
+from pipeline.stores.readers import ImageDb, TextDb
 from pipeline.stores.text_db_builder import pretrain_specs
 from pipeline.stores.tokenization import WordPieceTokenizer, default_vocab_path
 from pipeline.stores.vqa_answers import answer_score, normalize_answer

@@ -90,7 +90,7 @@ def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task
 
 def test_task_specific_outputs(data, finished):
     vqa = data / "models" / "vqa"
-    from pipeline.stores.lmdb_store import TextDb
+    from pipeline.stores.readers import TextDb
 
     for split in ("val", "test"):
         preds = json.loads((vqa / f"vqa_predictions_{split}.json").read_text())
@@ -148,7 +148,7 @@ def class_oracle_by_hand(data: Path) -> dict[str, float]:
     ground-truth box, then the most confident box (ground-truth or detected) with that top class."""
     import numpy as np
 
-    from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+    from pipeline.stores.readers import ImageDbGroup, TextDb
 
     def iou(a, b) -> float:
         w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
@@ -324,7 +324,7 @@ def test_without_evaluation_server_files_vqa_and_vcr_report_dev_and_vqa_writes_t
     submission file for the evaluation server) but not scored, and the results table reports dev."""
     from pipeline.finetune.finetune import run
     from pipeline.report.results import run as results
-    from pipeline.stores.lmdb_store import TextDb
+    from pipeline.stores.readers import TextDb
 
     data = world(tmp_path_factory, test_labels=False)
     params = ft_params(data, *(budget(t, steps=1) for t in TASKS))

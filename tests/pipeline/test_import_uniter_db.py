@@ -29,7 +29,7 @@ from pipeline.stores.import_uniter_db import run
 from pipeline.common.locking import stage_keys
 from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.ingest.sources.records import SourceFormatError
-from pipeline.stores.lmdb_store import ImageDb, ImageDbGroup, TextDb
+from pipeline.stores.readers import ImageDb, ImageDbGroup, TextDb
 from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import UnsafeEntryError

@@ -12,7 +12,8 @@ import pytest
 from pipeline.common.ownership import OWNER_FILE
 from pipeline.common.runinfo import atomic_dir
 from helpers.stores import write_lmdb
-from pipeline.stores.lmdb_store import LmdbReader, LmdbWriter, decode_value, encode_value
+from pipeline.stores.lmdb_store import LmdbWriter, decode_value, encode_value
+from pipeline.stores.readers import LmdbReader
 
 
 def sample_record(rng: np.random.Generator, n: int) -> dict:

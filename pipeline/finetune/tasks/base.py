@@ -21,7 +21,7 @@ from model.config import UniterConfig
 from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, TaskConfig, TaskSplits
-from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+from pipeline.stores.readers import ImageDbGroup, TextDb
 from pipeline.finetune.tasks.rows import Regions, TaskDataset, collate_rows
 
 log = logging.getLogger(__name__)

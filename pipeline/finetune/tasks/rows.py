@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pipeline.training.batching import TokenBucketSampler, collate_pretrain
-from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+from pipeline.stores.readers import ImageDbGroup, TextDb
 
 _MASK64 = (1 << 64) - 1
 

@@ -43,7 +43,7 @@ def ft_params(data: Path, *overrides: str):
 def write_export(data: Path, name: str, *, seed: int) -> Path:
     """``data/models/<name>/``: a tiny UniterForPretraining as the pretraining stages export it."""
     from pipeline.common.runinfo import atomic_write_json
-    from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+    from pipeline.stores.readers import ImageDbGroup, TextDb
     from pipeline.training.checkpointing import save_safetensors
     from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, build_model, model_json, spec_from_params
 

@@ -12,7 +12,8 @@ from torch import nn
 from finetune_world import budget, ft_params, world
 from model.tasks import TaskOutput
 from helpers.stores import write_lmdb
-from pipeline.stores.lmdb_store import TextDb, encode_value
+from pipeline.stores.lmdb_store import encode_value
+from pipeline.stores.readers import TextDb
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 

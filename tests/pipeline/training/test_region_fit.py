@@ -26,7 +26,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def _group(data: Path):
-    from pipeline.stores.lmdb_store import ImageDbGroup, TextDb
+    from pipeline.stores.readers import ImageDbGroup, TextDb
     from pipeline.pretrain.region_init import training_image_keys
 
     txt = TextDb(data / "db/txt/pretrain_indomain_train")
@@ -34,7 +34,7 @@ def _group(data: Path):
 
 
 def test_sample_reads_every_region_of_the_drawn_training_images_only(data):
-    from pipeline.stores.lmdb_store import TextDb
+    from pipeline.stores.readers import TextDb
     from pipeline.pretrain.region_init import sample_regions
 
     group, _, keys = _group(data)
@@ -77,7 +77,7 @@ def test_fit_is_written_into_the_region_projection(data, norm):
 def test_class_names_must_exist_and_agree(data, tmp_path):
     import shutil
 
-    from pipeline.stores.lmdb_store import ImageDbGroup
+    from pipeline.stores.readers import ImageDbGroup
     from pipeline.pretrain.region_init import shared_class_names
 
     root = tmp_path / "img"
