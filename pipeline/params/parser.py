@@ -36,6 +36,7 @@ from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_sp
 from pipeline.params.extract import ExtractConfig
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig
 from pipeline.params.ingest import IngestConfig
+from pipeline.params.inputs import missing_paths, source_needs, unread_inputs
 from pipeline.params.model import ModelConfig
 from pipeline.params.pretrain import PretrainConfig, apply_recipe
 from pipeline.params.world import MiniWorldConfig, SourcesConfig
@@ -250,80 +251,8 @@ def _closest(word: str, candidates: Mapping[str, Any]) -> str | None:
     return match[0] if match else None
 
 
-def _check_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
-    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
-
-    ``needed_by`` (``{dotted key: [stage, ...]}``), when given, limits the check to the keys it names
-    and adds ``(needed by <stages>)`` to each message.
-    """
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        if is_dataclass(value):
-            _check_paths(value, key, errors, needed_by)
-            continue
-        if not f.metadata.get("must_exist") or value is None:
-            continue
-        stages = None if needed_by is None else needed_by.get(key, [])
-        if stages == [] or Path(value).exists():
-            continue
-        errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
-
-
-# where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)
-IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
-# source keys that another stage reads, not their dataset's ingest (dvc.yaml's decontaminate deps)
-NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
 # Where Airflow runs live (runs/<run_name>/): this variable, else paths.runs; the deployment's choice
 RUNS_DIR_ENV = "UNITER_RUNS_DIR"
-def source_needs(params: Params) -> dict[str, list[str]]:
-    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
-
-    ingest@D reads ``sources.D`` (but NOT_INGESTED) and the image root of IMAGES_OF[D]; decontaminate
-    reads NOT_INGESTED's keys and the image roots of the pretraining and eval datasets (pHash, only
-    with ``near_duplicates``); extract@S reads ``sources.S.image_root`` for each of ``extract.sources``.
-    """
-    needs: dict[str, list[str]] = {}
-
-    def add(key: str, stage: str) -> None:
-        if stage not in needs.setdefault(key, []):
-            needs[key].append(stage)
-
-    def image_root(dataset: str) -> str:
-        return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
-
-    for dataset in params.ingest.datasets:
-        for f in fields(getattr(params.sources, dataset)):
-            if f"sources.{dataset}.{f.name}" not in NOT_INGESTED:
-                add(f"sources.{dataset}.{f.name}", f"ingest@{dataset}")
-        if dataset in IMAGES_OF:
-            add(image_root(dataset), f"ingest@{dataset}")
-    for key, stage in NOT_INGESTED.items():
-        add(key, stage)
-    dec = params.decontaminate
-    if dec.near_duplicates:
-        for dataset in (*dec.pretrain_datasets, *(d for d, splits in params.eval_splits().items() if splits)):
-            add(image_root(dataset), "decontaminate")
-    for source in params.extract.sources:
-        add(image_root(source), f"extract@{source}")
-    return needs
-
-
-def unread_inputs(params: Params) -> list[str]:
-    """Configured stages whose inputs ``ingest.datasets`` does not produce, one message each (logged, not raised).
-
-    An eval split that decontamination reads but whose dataset is not ingested has no manifest to
-    read; the pretraining stages run fine without it, so this is a warning, not an error. (A fine-tuning
-    task whose dataset is not ingested is refused at parse time: ``Params.problems``.)
-    """
-    ingested = set(params.ingest.datasets)
-    messages = [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
-                 f"(decontaminate reads its manifest)"
-                 for d, splits in sorted(params.decontaminate.eval_splits.items()) if splits and d not in ingested]
-    messages += [f"decontaminate.pretrain_datasets: dataset {d} is not in ingest.datasets "
-                 f"(decontaminate reads its manifest)"
-                 for d in params.decontaminate.pretrain_datasets if d not in ingested]
-    return messages
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,9 +303,9 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
     if check_paths:
         errors: list[str] = []
         if params.world == "real":  # only what the configured stages read: a partial download is fine
-            _check_paths(params.sources, "sources", errors, source_needs(params))
+            missing_paths(params.sources, "sources", errors, source_needs(params))
         for section in ("model", "pretrain", "extract"):
-            _check_paths(getattr(params, section), section, errors)
+            missing_paths(getattr(params, section), section, errors)
         if errors:
             raise ParamsError(f"{source}: " + "; ".join(errors))
     return params

@@ -3,7 +3,7 @@
 ``sources`` names the original files of every dataset in its real, published layout. With
 ``world: mini`` they point into ``data/raw/mini/`` (written by the ``mini_world`` stage); with
 ``world: real`` they point at real downloads, and only the paths that the configured stages read
-must exist (``pipeline.params.parser.source_needs``: a user with COCO, VG, CC and SBU alone leaves the
+must exist (``pipeline.params.inputs.source_needs``: a user with COCO, VG, CC and SBU alone leaves the
 other datasets out of ``ingest.datasets`` and ``extract.sources``); a missing one is named with the
 stage that needs it.
 """

@@ -1,0 +1,92 @@
+"""Which raw inputs the configured stages read, and whether they exist (the parser's path checks).
+
+:func:`source_needs` maps each ``sources.*`` key to the stages that read it, so a partial download
+is fine as long as the configured stages do not need the rest; :func:`missing_paths` reports the
+``must_exist`` paths that are missing; :func:`unread_inputs` names the configured inputs nothing
+produces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # the parser imports this module
+    from pipeline.params.parser import Params
+
+
+def missing_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
+    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
+
+    ``needed_by`` (``{dotted key: [stage, ...]}``), when given, limits the check to the keys it names
+    and adds ``(needed by <stages>)`` to each message.
+    """
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if is_dataclass(value):
+            missing_paths(value, key, errors, needed_by)
+            continue
+        if not f.metadata.get("must_exist") or value is None:
+            continue
+        stages = None if needed_by is None else needed_by.get(key, [])
+        if stages == [] or Path(value).exists():
+            continue
+        errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
+
+
+# where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)
+IMAGES_OF = {"vqa": "coco", "refcoco": "coco", "snli_ve": "flickr30k"}
+# source keys that another stage reads, not their dataset's ingest (dvc.yaml's decontaminate deps)
+NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
+
+
+def source_needs(params: Params) -> dict[str, list[str]]:
+    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
+
+    ingest@D reads ``sources.D`` (but NOT_INGESTED) and the image root of IMAGES_OF[D]; decontaminate
+    reads NOT_INGESTED's keys and the image roots of the pretraining and eval datasets (pHash, only
+    with ``near_duplicates``); extract@S reads ``sources.S.image_root`` for each of ``extract.sources``.
+    """
+    needs: dict[str, list[str]] = {}
+
+    def add(key: str, stage: str) -> None:
+        if stage not in needs.setdefault(key, []):
+            needs[key].append(stage)
+
+    def image_root(dataset: str) -> str:
+        return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
+
+    for dataset in params.ingest.datasets:
+        for f in fields(getattr(params.sources, dataset)):
+            if f"sources.{dataset}.{f.name}" not in NOT_INGESTED:
+                add(f"sources.{dataset}.{f.name}", f"ingest@{dataset}")
+        if dataset in IMAGES_OF:
+            add(image_root(dataset), f"ingest@{dataset}")
+    for key, stage in NOT_INGESTED.items():
+        add(key, stage)
+    dec = params.decontaminate
+    if dec.near_duplicates:
+        for dataset in (*dec.pretrain_datasets, *(d for d, splits in params.eval_splits().items() if splits)):
+            add(image_root(dataset), "decontaminate")
+    for source in params.extract.sources:
+        add(image_root(source), f"extract@{source}")
+    return needs
+
+
+def unread_inputs(params: Params) -> list[str]:
+    """Configured stages whose inputs ``ingest.datasets`` does not produce, one message each (logged, not raised).
+
+    An eval split that decontamination reads but whose dataset is not ingested has no manifest to
+    read; the pretraining stages run fine without it, so this is a warning, not an error. (A fine-tuning
+    task whose dataset is not ingested is refused at parse time: ``Params.problems``.)
+    """
+    ingested = set(params.ingest.datasets)
+    messages = [f"decontaminate.eval_splits: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d, splits in sorted(params.decontaminate.eval_splits.items()) if splits and d not in ingested]
+    messages += [f"decontaminate.pretrain_datasets: dataset {d} is not in ingest.datasets "
+                 f"(decontaminate reads its manifest)"
+                 for d in params.decontaminate.pretrain_datasets if d not in ingested]
+    return messages
