@@ -31,9 +31,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.training.batching import TokenBucketSampler, padding_efficiency  # noqa: E402
 from pipeline.stores.image_db_builder import build_image_db  # noqa: E402
 from pipeline.stores.readers import ImageDb, ImageDbGroup, TextDb  # noqa: E402
+from pipeline.training.batching import TokenBucketSampler, padding_efficiency  # noqa: E402
 
 
 def region_counts(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline.ingest.image_io import ImageRejected, decode_image
 from pipeline.common.progress import track
 from pipeline.common.runinfo import atomic_write_bytes
+from pipeline.ingest.image_io import ImageRejected, decode_image
 
 HASH_BITS = 64
 _CACHE_SCHEMA = pa.schema(

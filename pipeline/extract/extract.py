@@ -23,12 +23,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.params.parser import Params
-from pipeline.params.extract import IMAGE_SOURCES
-from pipeline.extract.detector.runner import (ExtractSettings, ImageItem, RunSummary, plan_shards, remove_stale_files,
-                                              run_shards, settings_record)
 from pipeline.common.ownership import claim_dir, preflight
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
+from pipeline.extract.detector.runner import (ExtractSettings, ImageItem, RunSummary, plan_shards, remove_stale_files,
+                                              run_shards, settings_record)
+from pipeline.params.extract import IMAGE_SOURCES
+from pipeline.params.parser import Params
 
 log = logging.getLogger("pipeline.extract")
 

@@ -31,13 +31,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.params.parser import Params
+from pipeline.common.ownership import claim_dir, remove_owned
+from pipeline.common.runinfo import DONE_SUFFIX, RUN_FILE, RunRecord, atomic_write_json
 from pipeline.extract.detector.runner import (ExtractSettings, RunSummary, ShardJob, finished, plan_shards,
                                               remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
-from pipeline.common.ownership import claim_dir, remove_owned
 from pipeline.extract.extract import detector_meta, feature_dir, make_settings, select, write_outputs
-from pipeline.common.runinfo import DONE_SUFFIX, RUN_FILE, RunRecord, atomic_write_json
+from pipeline.params.parser import Params
 
 log = logging.getLogger("pipeline.extract")
 

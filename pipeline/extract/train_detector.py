@@ -33,11 +33,11 @@ import numpy as np
 from pipeline.extract.detector.build import Detector, build_model  # isort: skip
 import torch  # isort: skip
 
-from pipeline.params.parser import Params, to_dict
-from pipeline.extract.detector.extractor import RegionExtractor, Regions
-from pipeline.ingest.image_io import ImageRejected, decode_image
 from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.extract.detector.extractor import RegionExtractor, Regions
+from pipeline.ingest.image_io import ImageRejected, decode_image
+from pipeline.params.parser import Params, to_dict
 
 log = logging.getLogger("pipeline.train_detector")
 WARMUP_ITERS = 100

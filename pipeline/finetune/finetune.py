@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from model.config import UniterConfig
-from pipeline.params.parser import Params, to_dict
-from pipeline.params.pretrain import output_name
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
-from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
+from pipeline.params.parser import Params, to_dict
+from pipeline.params.pretrain import output_name
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo, process_group
 

@@ -24,9 +24,9 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
-from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.sources import load_reader
 from pipeline.ingest.sources.records import (
     DUPLICATE_ID, MISSING_IMAGE, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row, raw_text,

@@ -12,9 +12,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipeline.params.decontaminate import DEFAULT_EVAL_SPLITS, effective_eval_splits
-from pipeline.params.finetune import TASKS
-from pipeline.params.world import MiniWorldConfig
 from pipeline.common.progress import track
 from pipeline.common.runinfo import RunRecord, atomic_dir, tree_digest
 from pipeline.mini_world.coco import write_coco
@@ -26,6 +23,9 @@ from pipeline.mini_world.vg import write_vg
 from pipeline.mini_world.vqa import write_vqa
 from pipeline.mini_world.web import write_cc, write_sbu
 from pipeline.mini_world.world import World
+from pipeline.params.decontaminate import DEFAULT_EVAL_SPLITS, effective_eval_splits
+from pipeline.params.finetune import TASKS
+from pipeline.params.world import MiniWorldConfig
 
 # order matters: later writers plant copies of (and look up) what earlier ones wrote
 WRITERS: tuple[tuple[str, Callable[[World], None]], ...] = (

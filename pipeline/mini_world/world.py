@@ -17,10 +17,10 @@ from typing import Any, Callable, Hashable, Mapping, TypeVar
 
 import numpy as np
 
-from pipeline.params.world import MiniWorldConfig
 from pipeline.mini_world.render import PhashRegistry, phash_distance, reencode
 from pipeline.mini_world.scenes import Scene, dataset_rng, sample_scene
 from pipeline.mini_world.urlforms import PhotoIds
+from pipeline.params.world import MiniWorldConfig
 
 T = TypeVar("T")
 

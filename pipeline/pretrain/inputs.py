@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.params.pretrain import DATASET_CHOICES, DOMAIN_DATASETS
 from pipeline.pretrain.datasets import TASKS, PretrainDataset
+from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
 from pipeline.stores.readers import ImageDbGroup, TextDb
+from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.training.streams import BatchStream
 from pipeline.training.task_mix import stream_dataset, stream_task
-from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
 from pipeline.params.parser import Params
 from pipeline.params.pretrain import output_name
 from pipeline.report.results import PRETRAIN_METRICS, _fmt
-from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
 
 log = logging.getLogger(__name__)
 

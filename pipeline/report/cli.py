@@ -19,8 +19,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.ingest.reasons import REMOVAL_REASONS
 from pipeline.decontam.cleaning_report import load_cleaning_reports, rejected_by_reason, removed_by_reason
+from pipeline.ingest.reasons import REMOVAL_REASONS
 from pipeline.report.results_cli import add_results_parser
 from pipeline.report.seed_spread import add_spread_parser
 

@@ -29,9 +29,9 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.params.parser import Params
-from pipeline.params.finetune import TASK_SPLITS
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
+from pipeline.params.finetune import TASK_SPLITS
+from pipeline.params.parser import Params
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from pipeline.decontam import decontaminate
-from pipeline.params.parser import load_params
 from pipeline.decontam.phash import phash_file
+from pipeline.params.parser import load_params
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -13,12 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from scene_kit import CATEGORIES, write_coco_world  # noqa: E402
 
-from pipeline.params.parser import load_params  # noqa: E402
 from pipeline.extract.detector.build import load_detector  # noqa: E402
 from pipeline.extract.detector.extractor import RegionExtractor, Regions  # noqa: E402
 from pipeline.extract.train_detector import (SceneImage, box_iou, class_table, load_scenes, run,  # noqa: E402
                                              score_regions)
 from pipeline.ingest.image_io import decode_image  # noqa: E402
+from pipeline.params.parser import load_params  # noqa: E402
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -20,8 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tasks"))
 from finetune_world import ROOT, budget, ft_params, world  # noqa: E402
 
-from pipeline.params.finetune import TASK_SPLITS, TASKS  # noqa: E402
 from pipeline.common.runinfo import file_digest  # noqa: E402
+from pipeline.params.finetune import TASK_SPLITS, TASKS  # noqa: E402
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 
 from dbs_synthetic import ROOT, params_for
-from pipeline.training.batching import collate_pretrain
-from pipeline.stores.import_uniter_db import run
 from pipeline.common.locking import stage_keys
-from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.pretrain.datasets import PretrainDataset
+from pipeline.stores.import_uniter_db import run
 from pipeline.stores.readers import ImageDb, ImageDbGroup, TextDb
 from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import UnsafeEntryError
+from pipeline.training.batching import collate_pretrain
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

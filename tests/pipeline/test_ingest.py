@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.params.parser import load_params, to_dict
-from pipeline.params.ingest import DATASETS
 from pipeline.ingest.ingest import SeenKeys, ingest_dataset, run
 from pipeline.ingest.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
+from pipeline.params.ingest import DATASETS
+from pipeline.params.parser import load_params, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "pipeline" / "sources"))

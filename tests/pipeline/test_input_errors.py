@@ -19,9 +19,9 @@ import torch
 
 from model.bert_init import read_bert_state
 from model.weights_file import UnsafeCheckpointError
+from pipeline.common.runinfo import RunRecord
 from pipeline.extract.detector.checkpoint import read_state
 from pipeline.ingest.manifest import ParquetStreamWriter, manifest_schema
-from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.sources.records import (MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records,
                                              load_json)
 from helpers.stores import write_lmdb

@@ -21,11 +21,11 @@ from PIL import Image
 from pipeline.params.parser import load_raw
 from pipeline.params.world import SourcesConfig
 from helpers.mini_world import small_config
+from pipeline.common.runinfo import tree_digest
 from pipeline.mini_world import generate
 from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE
-from pipeline.common.runinfo import tree_digest
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.params.parser import ParamsError, load_params
 from pipeline.params.model import ModelConfig
+from pipeline.params.parser import ParamsError, load_params
 from pipeline.params.pretrain import RECIPE_DEFAULTS, RECIPES, PretrainConfig, recipe_default
 
 # UNITER's own values, read off its code and configs (docs/fidelity.md), written out here once more

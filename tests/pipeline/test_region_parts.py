@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "detector"))
 from extract_world import copy_manifests, feature_files, params_for, write_world  # noqa: E402
 
 from pipeline.extract.detector.runner import plan_shards  # noqa: E402
-from pipeline.stores.image_db_builder import build_image_db  # noqa: E402
-from pipeline.extract.parts import PART_FILE, Part, part_dir, part_of, shard_range, split_item  # noqa: E402
 from pipeline.extract.extract import make_settings, run, select  # noqa: E402
+from pipeline.extract.parts import PART_FILE, Part, part_dir, part_of, shard_range, split_item  # noqa: E402
+from pipeline.stores.image_db_builder import build_image_db  # noqa: E402
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -20,9 +20,9 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
+from pipeline.finetune.tasks.rows import Regions, TaskDataset, collate_rows
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, TaskConfig, TaskSplits
 from pipeline.stores.readers import ImageDbGroup, TextDb
-from pipeline.finetune.tasks.rows import Regions, TaskDataset, collate_rows
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import TaskOutput, UniterForRetrieval
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask
-from pipeline.finetune.tasks.rows import TaskDataset, mix_seed, row, text_row
 from pipeline.finetune.tasks.retrieval_eval import RECALL_KS, chance_recall, recall_at_k, streaming_topk
+from pipeline.finetune.tasks.rows import TaskDataset, mix_seed, row, text_row
 from pipeline.training.engine import cast_batch
 
 ROW_KEYS = ("input_ids", "txt_mask", "img_feat", "img_pos", "img_mask")

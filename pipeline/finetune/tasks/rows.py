@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.stores.readers import ImageDbGroup, TextDb
+from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 
 _MASK64 = (1 << 64) - 1
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from pipeline.params.world import SourcesConfig
 from pipeline.common.progress import track
+from pipeline.params.world import SourcesConfig
 
 MISSING_CAPTION = "missing_caption"
 MISSING_FIELD = "missing_field"

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from pipeline.params.parser import Params, load_params
 from pipeline.ingest.ingest import IngestResult, ingest_dataset
+from pipeline.params.parser import Params, load_params
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "sources"

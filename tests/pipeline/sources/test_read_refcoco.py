@@ -11,9 +11,9 @@ import struct
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.params.parser import load_params
 from pipeline.ingest.ingest import ingest_dataset
 from pipeline.ingest.sources.refcoco import UnsafePickleError, load_plain_pickle
+from pipeline.params.parser import load_params
 from source_fixtures import FIXTURES, REPO, fates, fixture_overrides, ingest
 
 

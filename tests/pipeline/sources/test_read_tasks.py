@@ -7,9 +7,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.params.parser import load_params
 from pipeline.ingest.sources import vqa as vqa_reader
 from pipeline.ingest.sources.nlvr2 import _pair_dir
+from pipeline.params.parser import load_params
 from source_fixtures import FIXTURES, REPO, fates, fixture_overrides, ingest
 
 VQA_SERVER = FIXTURES / "vqa/eval_server/v2_mscoco_test2015_annotations.json"

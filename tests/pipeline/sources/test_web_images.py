@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from source_fixtures import fates, ingest
 
-from pipeline.mini_world.shards import SHARD_SCHEMA
 from pipeline.ingest.sources import web_images
 from pipeline.ingest.sources.web_images import ShardIndex, url_key
+from pipeline.mini_world.shards import SHARD_SCHEMA
 
 NOT_FOUND = "HTTP Error 404: Not Found"
 

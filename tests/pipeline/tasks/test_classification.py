@@ -12,10 +12,10 @@ from torch import nn
 from finetune_world import budget, ft_params, world
 from model.tasks import TaskOutput
 from helpers.stores import write_lmdb
-from pipeline.stores.lmdb_store import encode_value
-from pipeline.stores.readers import TextDb
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
+from pipeline.stores.lmdb_store import encode_value
+from pipeline.stores.readers import TextDb
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

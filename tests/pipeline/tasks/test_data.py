@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.finetune.tasks.rows import collate_rows, mix_seed, row, text_row
 from pipeline.finetune.tasks.refcoco_plus import box_iou, class_oracle_pick
+from pipeline.finetune.tasks.rows import collate_rows, mix_seed, row, text_row
 
 SPECIAL = {"cls": 101, "sep": 102}
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from finetune_world import budget, ft_params, world
-from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
+from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.pretrain.inputs import TextSource, open_sources
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
