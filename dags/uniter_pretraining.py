@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from airflow.sdk import Param, dag, get_current_context, task
@@ -100,7 +100,9 @@ def _gpu_slots(stage: str) -> int:
     catchup=False,
     max_active_runs=1,
     params=PARAMS,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    # the wait before a retry is a deployment setting: AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY in
+    # deploy/airflow.env, read by scripts/airflow_local.sh and docker-compose.yml alike
+    default_args={"retries": 2},
     tags=["uniter"],
     doc_md=__doc__,
 )

@@ -241,7 +241,7 @@ cmd_wait() {
       success) echo "$run_id: success"; return 0 ;;
       failed) echo "$run_id: failed (task logs under $LOGS)" >&2; return 1 ;;
     esac
-    sleep 15
+    sleep 3
   done
   echo "$run_id: still $state after ${timeout}s" >&2
   return 1
