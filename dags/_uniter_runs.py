@@ -37,9 +37,6 @@ RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # data and run directories are the run's own (runs/<run_name>/data), an override may not move them
 OVERRIDE_KEY_PATTERN = r"^(?!paths(\.|$))[a-z_][a-z0-9_]*(\.[A-Za-z0-9_+]+)*$"
 FIXED_SECTIONS = ("paths",)
-# stages that dvc.yaml runs as a module of their own (`python -m pipeline.report.plots`), not through the
-# stage registry of `python -m pipeline`
-MODULE_STAGES = {"plots": "pipeline.report.plots"}
 # Where runs live is the deployment's choice (this variable, else params.yaml's paths.runs), never
 # the trigger's: a conf may not move a run's files (see OVERRIDE_KEY_PATTERN)
 from pipeline.params.parser import RUNS_DIR_ENV  # noqa: E402  (one name for the DAG and `report results --exps`)
@@ -185,8 +182,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def stage_command(stage: str, item: str | None, params_file: str) -> list[str]:
     """The exact command DVC's dvc.yaml runs for ``stage[@item]``, with the run's params file."""
-    if stage in MODULE_STAGES:
-        return [sys.executable, "-m", MODULE_STAGES[stage], "--params", params_file]
     return [sys.executable, "-m", "pipeline", stage, *([item] if item else []), "--params", params_file]
 
 

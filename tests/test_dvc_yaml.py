@@ -59,15 +59,14 @@ def dvc_stages() -> dict[str, dict]:
     return out
 
 
-# Stages that are a module of their own rather than an entry of pipeline.stages: module, command.
-MODULE_STAGES = {"plots": ("pipeline.report.plots", "python -m pipeline.report.plots")}
+# stages that only redraw their input files: no params change what they write
+PARAMLESS_STAGES = {"plots"}
 
 
 def expected_stage_names() -> set[str]:
     return (
         {"mini_world", "decontaminate", "train_detector", "build_dbs", "pretrain", "pretrain_masking", "pretrain_vcr",
-         "results", "ablations"}
-        | set(MODULE_STAGES)
+         "plots", "results", "ablations"}
         | {f"ingest@{d}" for d in DATASETS}
         | {f"extract@{s}" for s in IMAGE_SOURCES}
         | {f"finetune@{t}" for t in TASKS}
@@ -127,8 +126,6 @@ def project_closure(roots: list[str]) -> set[str]:
 
 def stage_roots(address: str) -> list[str]:
     name, _, item = address.partition("@")
-    if name in MODULE_STAGES:
-        return [MODULE_STAGES[name][0]]
     roots = [STAGES[name].entry.split(":")[0]]
     if name == "ingest":
         roots.append(f"pipeline.ingest.sources.{item}")  # pipeline.ingest.sources.load_reader imports it by name
@@ -140,17 +137,13 @@ def test_every_stage_of_the_design_is_declared_with_its_cli_command():
     assert set(stages) == expected_stage_names()
     for address, stage in stages.items():
         name, _, item = address.partition("@")
-        if name in MODULE_STAGES:
-            assert stage["cmd"] == MODULE_STAGES[name][1], address
-            continue
         assert stage["cmd"] == f"python -m pipeline {name}" + (f" {item}" if item else ""), address
 
 
 def test_params_are_listed_key_by_key_and_exist_in_params_yaml():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     for address, stage in dvc_stages().items():
-        # plots only redraws its input files: no params change what it writes
-        assert stage["params"] or address in MODULE_STAGES, f"{address} lists no params"
+        assert stage["params"] or address in PARAMLESS_STAGES, f"{address} lists no params"
         for key in stage["params"]:
             node = raw
             for part in key.split("."):

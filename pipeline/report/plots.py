@@ -7,8 +7,8 @@ matplotlib instead. One figure per metric of each training run, train and val cu
 written as ``<data>/reports/plots/<run>/<metric>.{svg,png}`` plus an ``index.md`` that links
 them. Same series => same bytes (no dates, fixed SVG ids).
 
-    python -m pipeline.report.plots [--params params.yaml]          # every run under <data>/metrics
-    python -m pipeline.report.plots --metrics DIR --out DIR
+    python -m pipeline plots [--params params.yaml]              # the stage: every run under <data>/metrics
+    python -m pipeline.report.plots --metrics DIR --out DIR     # any dvclive root into any folder
 """
 
 from __future__ import annotations
