@@ -1,0 +1,332 @@
+"""Stage import_uniter_db on a small release written here in UNITER's own formats.
+
+The writers below follow the reference's converters (scripts/convert_imgdir.py, data/data.py):
+image values are ``np.savez_compressed`` archives (with the ``allow_pickle`` array numpy 1.x stored
+beside the fields) or msgpack maps packed by msgpack-numpy; text values are lz4 *frames* of msgpack
+maps. Nothing here is written in this project's own format, so the importer is checked against the
+release's format, not against itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import lmdb
+import lz4.frame
+import msgpack
+import msgpack_numpy
+import numpy as np
+import pytest
+
+from helpers.dbs_synthetic import ROOT, params_for
+from pipeline.common.locking import stage_keys
+from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.pretrain.datasets import PretrainDataset
+from pipeline.stores.import_uniter_db import run
+from pipeline.stores.readers import ImageDb, ImageDbGroup, TextDb
+from pipeline.stores.text_db_builder import SNLI_LABELS
+from pipeline.stores.tokenization import WordPieceTokenizer
+from pipeline.stores.uniter_release.formats import UnsafeEntryError
+from pipeline.training.batching import collate_pretrain
+
+pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
+
+D, C1 = 8, 5  # feature dim, classes + background
+FEAT = "feat_th0.2_max100_min10"
+NBB = "nbb_th0.2_max100_min10.json"
+
+
+# --------------------------------------------------------------------------------------------
+# writers of the release's formats
+
+
+def regions(rng: np.random.Generator, n: int, above: int | None = None) -> dict[str, np.ndarray]:
+    """One image's fields as the release stores them; ``above`` regions have conf > 0.2 (conf descending)."""
+    x1, y1 = rng.uniform(0, 0.5, n), rng.uniform(0, 0.5, n)
+    x2, y2 = x1 + rng.uniform(0.05, 0.5, n), y1 + rng.uniform(0.05, 0.5, n)
+    bb = np.stack([x1, y1, x2, y2, x2 - x1, y2 - y1], 1).astype(np.float16)
+    above = n if above is None else above
+    conf = np.concatenate([rng.uniform(0.3, 1.0, above), rng.uniform(0.0, 0.15, n - above)])
+    return {"features": rng.normal(size=(n, D)).astype(np.float16), "norm_bb": bb,
+            "conf": np.sort(conf)[::-1].astype(np.float16),
+            "soft_labels": rng.dirichlet(np.ones(C1), n).astype(np.float16)}
+
+
+def npz_value(fields: dict) -> bytes:
+    """``np.savez_compressed`` as the release's converter called it under numpy 1.x, where its
+    ``allow_pickle=True`` became one more array of that name."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **fields)
+    with zipfile.ZipFile(buf, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        flag = io.BytesIO()
+        np.lib.format.write_array(flag, np.asarray(True))
+        zf.writestr("allow_pickle.npy", flag.getvalue())
+    return buf.getvalue()
+
+
+def msgpack_value(fields: dict) -> bytes:
+    return msgpack.packb(fields, default=msgpack_numpy.encode, use_bin_type=True)
+
+
+def put_all(path: Path, items: dict[str, bytes]) -> None:
+    env = lmdb.open(str(path), map_size=64 << 20)
+    with env.begin(write=True) as txn:
+        for key, value in items.items():
+            txn.put(key.encode("utf-8"), value)
+    env.close()
+
+
+def write_img_db(root: Path, name: str, entries: dict[str, dict], *, compressed: bool,
+                 nbb: dict[str, int] | None, raw: dict[str, bytes] | None = None) -> None:
+    d = root / "img_db" / name
+    (d / (FEAT + ("_compressed" if compressed else ""))).mkdir(parents=True)
+    enc = npz_value if compressed else msgpack_value
+    items = {k: enc(v) for k, v in entries.items()} | (raw or {})
+    items["__keys__"] = json.dumps(sorted(items)).encode()
+    put_all(d / (FEAT + ("_compressed" if compressed else "")), items)
+    if nbb is not None:
+        (d / NBB).write_text(json.dumps(nbb))
+
+
+def write_txt_db(root: Path, name: str, examples: dict[str, dict], tok: WordPieceTokenizer,
+                 raw: dict[str, bytes] | None = None, id2len_extra: tuple[str, ...] = ()) -> Path:
+    d = root / "txt_db" / f"{name}.db"
+    d.mkdir(parents=True)
+    items = {k: lz4.frame.compress(msgpack.packb(v, use_bin_type=True)) for k, v in examples.items()}
+    put_all(d, items | (raw or {}))
+    s = tok.special_ids
+    meta = {"toker": "bert-base-uncased", "UNK": s["unk"], "CLS": s["cls"], "SEP": s["sep"], "MASK": s["mask"],
+            "v_range": [999, tok.vocab_size]}
+    ids = [*examples, *(raw or {}), *id2len_extra]
+    (d / "meta.json").write_text(json.dumps(meta))
+    (d / "id2len.json").write_text(json.dumps({k: len(examples.get(k, {}).get("input_ids", [])) for k in ids}))
+    (d / "txt2img.json").write_text(json.dumps({k: v["img_fname"] for k, v in examples.items()}))
+    return d
+
+
+def coco(split: str, i: int) -> str:
+    return f"coco_{split}_{i:012d}.npz"
+
+
+# --------------------------------------------------------------------------------------------
+# the release
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return WordPieceTokenizer()
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory, tok):
+    root = tmp_path_factory.mktemp("release")
+    rng = np.random.default_rng(0)
+    train = {coco("train2014", 9): regions(rng, 15, above=12), coco("train2014", 25): regions(rng, 10)}
+    val = {coco("val2014", 42): regions(rng, 12)}
+    broken = {coco("val2014", 7): {k: v for k, v in regions(rng, 10).items() if k != "soft_labels"},
+              coco("val2014", 8): regions(rng, 10), coco("val2014", 77): regions(rng, 10)}
+    # compressed archives with an nbb file; one entry it does not list, one it gives no region
+    write_img_db(root, "coco_train2014", train | {coco("train2014", k): regions(rng, 10) for k in (5, 6)},
+                 compressed=True, nbb={coco("train2014", 9): 11, coco("train2014", 25): 10, coco("train2014", 6): 0,
+                                       "coco_train2014_000000000099.npz": 3},
+                 raw={"readme.txt": b"not an image"})
+    write_img_db(root, "coco_val2014", val | broken, compressed=False,
+                 nbb={coco("val2014", 42): 12, coco("val2014", 7): 10, coco("val2014", 8): 11, coco("val2014", 77): 10})
+    # msgpack entries and no nbb file: the rule decides (14 above 0.2 -> 14; 3 above -> min 10; 105 -> max 100)
+    flickr = {"flickr30k_000000001001.npz": regions(rng, 20, above=14),
+              "flickr30k_000000001002.npz": regions(rng, 16, above=3),
+              "flickr30k_000000001003.npz": regions(rng, 105)}
+    write_img_db(root, "flickr30k", flickr, compressed=False, nbb=None)
+    nlvr = {f"nlvr2_dev-{p}-img{k}.npz": regions(rng, 10) for p in ("1-0", "2-1") for k in (0, 1)}
+    write_img_db(root, "nlvr2_dev", nlvr, compressed=True, nbb={k: 10 for k in nlvr})
+    write_img_db(root, "vcr_gt_train", {"vcr_gt_x.npz": regions(rng, 10)}, compressed=True, nbb={"vcr_gt_x.npz": 10})
+
+    ids = lambda n, base=2000: list(range(base, base + n))  # noqa: E731
+    write_txt_db(root, "pretrain_coco_train", {
+        "11": {"input_ids": ids(7), "img_fname": coco("train2014", 9), "raw": "a cat"},
+        "12": {"input_ids": ids(70), "img_fname": coco("train2014", 25)},
+        "13": {"input_ids": ids(4), "img_fname": coco("val2014", 7)},  # its image was skipped
+    }, tok, raw={"14": b"not an lz4 frame"}, id2len_extra=("15",))
+    write_txt_db(root, "pretrain_coco_restval", {"11": {"input_ids": ids(5), "img_fname": coco("val2014", 42)}}, tok)
+    vqa = write_txt_db(root, "vqa_train", {
+        "501": {"input_ids": ids(6), "img_fname": coco("train2014", 9), "question_id": 501,
+                "target": {"labels": [2, 0], "scores": [1.0, 0.3]}},
+        "502": {"input_ids": ids(3), "img_fname": coco("val2014", 42), "target": {"labels": [9], "scores": [1.0]}},
+    }, tok)
+    (vqa / "ans2label.json").write_text(json.dumps({"yes": 0, "no": 1, "two": 2}))
+    write_txt_db(root, "nlvr2_dev", {
+        "dev-1-0-0": {"input_ids": ids(5), "img_fname": [f"nlvr2_dev-1-0-img{k}.npz" for k in (0, 1)], "target": 1},
+        "dev-2-1-3": {"input_ids": ids(5), "img_fname": [f"nlvr2_dev-2-1-img{k}.npz" for k in (0, 1)], "target": 0},
+    }, tok)
+    write_txt_db(root, "ve_dev", {  # UNITER's VE order: contradiction, entailment, neutral
+        f"p{k}": {"input_ids": ids(4), "img_fname": f"flickr30k_00000000100{k + 1}.npz",
+                  "target": {"labels": [k], "scores": [1.0]}} for k in range(3)}, tok)
+    write_txt_db(root, "vcr_val", {"1": {"input_ids": ids(3), "img_fname": ["a", "b"]}}, tok)
+    return root, {"train": train, "val": val, "broken": broken, "flickr": flickr, "nlvr": nlvr}
+
+
+@pytest.fixture(scope="module")
+def imported(release, tmp_path_factory):
+    root, fields = release
+    data = tmp_path_factory.mktemp("world") / "data"
+    params = params_for(data, f"build_dbs.uniter_release.root={root}", "build_dbs.source=uniter_release",
+                        "build_dbs.max_txt_len=60", "build_dbs.commit_every=2")
+    return data, run(params), fields
+
+
+# --------------------------------------------------------------------------------------------
+# images
+
+
+def test_image_values_round_trip_both_variants(imported):
+    data, _, fields = imported
+    db = ImageDb(data / "db" / "img" / "coco")
+    for image_id, src, n in (("9", fields["train"][coco("train2014", 9)], 11),   # archive, nbb file: 11 of 15
+                             ("42", fields["val"][coco("val2014", 42)], 12)):    # msgpack, nbb file: 12 of 12
+        rec = db[image_id]
+        assert db.nbb[image_id] == n and rec["features"].shape == (n, D)
+        for name in ("features", "conf", "soft_labels"):
+            assert rec[name].dtype == np.float16
+            np.testing.assert_array_equal(rec[name], src[name][:n])
+        np.testing.assert_array_equal(rec["norm_bb"][:, :6], src["norm_bb"][:n])
+        area = src["norm_bb"][:n, 4].astype(np.float32) * src["norm_bb"][:n, 5].astype(np.float32)
+        np.testing.assert_allclose(rec["norm_bb"][:, 6].astype(np.float32), area, rtol=1e-3, atol=1e-4)
+        np.testing.assert_array_equal(rec["boxes"], src["norm_bb"][:n, :4].astype(np.float32))
+        assert (rec["image_h"], rec["image_w"]) == (1, 1)
+    assert db.feature_dim == D and db.num_classes == C1 and db.meta["class_names"] is None
+
+
+def test_region_count_rule_without_nbb_file(imported):
+    data, report, _ = imported
+    db = ImageDb(data / "db" / "img" / "flickr30k")
+    # the reference's rule: min(max_bb, max(min_bb, #conf > conf_th)) with 0.2 / 100 / 10
+    assert db.nbb == {"1001": 14, "1002": 10, "1003": 100}
+    assert report["image_dbs"]["flickr30k"]["nbb_from"] == {"rule": 3}
+    assert report["image_dbs"]["flickr30k"]["regions_beyond_nbb"] == (20 - 14) + (16 - 10) + (105 - 100)
+
+
+def test_skipped_image_entries_are_counted_by_reason(imported):
+    data, report, _ = imported
+    coco_report = report["image_dbs"]["coco"]
+    assert coco_report["skipped"] == {"missing_field": 1, "not_in_nbb": 1, "too_few_regions": 2, "unmapped_name": 1}
+    assert any("soft_labels" in s for s in coco_report["skipped_samples"]["missing_field"])
+    assert sorted(ImageDb(data / "db" / "img" / "coco").nbb) == ["25", "42", "77", "9"]
+    nlvr2_ids = {f"dev-{p}-img{k}" for p in ("1-0", "2-1") for k in (0, 1)}
+    assert set(ImageDb(data / "db" / "img" / "nlvr2").nbb) == nlvr2_ids
+    assert report["image_dbs"]["release:img_db/vcr_gt_train"]["written"] is False
+    md = (data / "reports" / "uniter_import" / "report.md").read_text()
+    assert "`coco`" in md and "missing_field: 1" in md and "too_few_regions: 2" in md
+
+
+# --------------------------------------------------------------------------------------------
+# texts
+
+
+def test_pretrain_text_db_merges_release_dbs(imported, tok):
+    data, report, _ = imported
+    db = TextDb(data / "db" / "txt" / "pretrain_indomain_train")
+    assert db.ids == ["pretrain_coco_restval:11", "pretrain_coco_train:11", "pretrain_coco_train:12"]
+    rec = db["pretrain_coco_train:11"]
+    np.testing.assert_array_equal(rec["input_ids"], np.arange(2000, 2007, dtype=np.int32))
+    assert rec["input_ids"].dtype == np.int32 and rec["image_ids"] == ["coco/9"]
+    assert db["pretrain_coco_train:12"]["input_ids"].shape == (60,) and db.meta["truncated"] == 1
+    assert db.txt2img["pretrain_coco_restval:11"] == ["coco/42"] and db.id2len["pretrain_coco_restval:11"] == 5
+    assert db.meta["special_ids"] == tok.special_ids and db.meta["img_db"] == ["coco"]
+    assert report["text_dbs"]["pretrain_indomain_train"]["skipped"] == {
+        "missing_image": 1, "missing_record": 1, "unreadable": 1}
+    assert report["text_dbs"]["pretrain_indomain_train"]["missing_release_dbs"] == ["pretrain_vg_train"]
+    # what the training code opens reads it: pretraining batches of every kind
+    group = ImageDbGroup(data / "db" / "img", db.img_db_names)
+    assert group.num_regions("coco/9") == 11 and group["coco/42"]["features"].shape == (12, D)
+    for task in ("mlm", "mrc_kl", "itm"):
+        ds = PretrainDataset([db], group, task=task, seed=1)
+        batch = collate_pretrain([ds[i] for i in range(len(ds))])
+        assert batch["img_feat"].shape[::2] == (3, D) and batch["img_pos"].shape[2] == 7
+
+
+def test_task_targets_are_mapped(imported):
+    data, report, _ = imported
+    vqa = TextDb(data / "db" / "txt" / "vqa_train")
+    assert vqa.ids == ["vqa_train:501"] and report["text_dbs"]["vqa_train"]["skipped"] == {"bad_field": 1}
+    rec = vqa["vqa_train:501"]
+    assert rec["question_id"] == "501" and rec["answer_labels"].tolist() == [2, 0]
+    np.testing.assert_allclose(rec["answer_scores"], [1.0, 0.3])
+    assert json.loads((vqa.path / "ans2label.json").read_text()) == {"yes": 0, "no": 1, "two": 2}
+    nlvr = TextDb(data / "db" / "txt" / "nlvr2_dev")
+    assert nlvr.meta["image_layout"] == "pair"
+    assert nlvr["nlvr2_dev:dev-1-0-0"]["image_ids"] == ["nlvr2/dev-1-0-img0", "nlvr2/dev-1-0-img1"]
+    assert [nlvr[e]["label"] for e in nlvr.ids] == [1, 0]
+    ve = TextDb(data / "db" / "txt" / "snli_ve_dev")
+    assert [SNLI_LABELS[ve[e]["label"]] for e in ve.ids] == ["contradiction", "entailment", "neutral"]
+    assert report["text_dbs"]["release:txt_db/vcr_val.db"]["written"] is False
+
+
+# --------------------------------------------------------------------------------------------
+# refusals
+
+
+class _Trap:
+    """Unpickling this creates ``path``: proof that pickle ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+@pytest.mark.parametrize("compressed", [True, False])
+def test_entry_needing_pickle_is_refused(tmp_path, tok, compressed):
+    root, marker = tmp_path / "release", tmp_path / "pickle_ran"
+    fields = regions(np.random.default_rng(1), 10)
+    fields["conf"] = np.array([_Trap(marker)] * 10, dtype=object)
+    write_img_db(root, "coco_val2014", {coco("val2014", 3): fields}, compressed=compressed,
+                 nbb={coco("val2014", 3): 10})
+    params = params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}")
+    with pytest.raises(UnsafeEntryError) as err:
+        run(params)
+    message = str(err.value)
+    assert coco("val2014", 3) in message and "coco_val2014" in message and "object array" in message
+    assert compressed is False or "'conf'" in message
+    assert not marker.exists() and not (tmp_path / "data" / "db" / "img" / "coco").exists()
+
+
+def test_tokenizer_mismatch_names_the_key(tmp_path, tok):
+    root = tmp_path / "release"
+    write_img_db(root, "coco_val2014", {coco("val2014", 3): regions(np.random.default_rng(2), 10)}, compressed=True,
+                 nbb={coco("val2014", 3): 10})
+    d = write_txt_db(root, "pretrain_coco_val", {"1": {"input_ids": [2000], "img_fname": coco("val2014", 3)}}, tok)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps(meta | {"CLS": 5}))
+    with pytest.raises(SourceFormatError, match=r"meta.json: CLS = 5.*build_dbs.tokenizer"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+
+
+def test_build_dbs_with_source_uniter_release_runs_the_import_and_exits_2_on_a_pickle_entry(tmp_path):
+    root = tmp_path / "release"
+    fields = regions(np.random.default_rng(3), 10)
+    fields["soft_labels"] = np.array([_Trap(tmp_path / "pickle_ran")] * 10, dtype=object)
+    write_img_db(root, "flickr30k", {"flickr30k_000000000001.npz": fields}, compressed=True, nbb=None)
+    cmd = [sys.executable, "-m", "pipeline", "build_dbs", "--set", f"paths.data={tmp_path / 'data'}",
+           "--set", "build_dbs.source=uniter_release", "--set", f"build_dbs.uniter_release.root={root}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "flickr30k_000000000001.npz" in done.stderr and "'soft_labels' is an object array" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "pickle_ran").exists()
+
+
+def test_the_stage_is_on_the_cli_and_shares_build_dbs_lock():
+    done = subprocess.run([sys.executable, "-m", "pipeline", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert "import_uniter_db" in done.stdout
+    assert stage_keys("import_uniter_db") == stage_keys("build_dbs")
+
+
+def test_a_root_without_the_release_is_named(tmp_path):
+    with pytest.raises(SourceFormatError, match=r"build_dbs.uniter_release.root: .*nowhere holds neither img_db/"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={tmp_path / 'nowhere'}"))
