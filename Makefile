@@ -60,7 +60,7 @@ ablations: $(STAMP)
 # end-to-end and Airflow runs; `test-unit` also every stage run and training (marker `stage`).
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-# tests/pipeline/test_download.py runs the real img2dataset
+# tests/pipeline/ingest/test_download.py runs the real img2dataset
 test: $(STAMP) $(DL_STAMP)
 	$(PYTEST) -m "not demo"
 

@@ -5,7 +5,7 @@ manifest. Ids share a prefix (``cc:``) and then differ early (hashes, numbers), 
 follow the common prefix, read as a big-endian integer, order almost every pair; numpy sorts those
 integers quickly and only runs of equal keys are ordered by the full strings. The result is the
 same permutation as ``pyarrow.compute.sort_indices`` (byte order, which for UTF-8 is code point
-order), checked in tests/pipeline/test_decontaminate.py.
+order), checked in tests/pipeline/decontam/test_decontaminate.py.
 """
 
 from __future__ import annotations

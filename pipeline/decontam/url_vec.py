@@ -13,7 +13,7 @@ sorted into three classes with capture-free regular expressions (which run as fa
 
 Flickr photo ids are cut out of canonical static-image URLs with string splits, after a
 capture-free match confirms the shape; photo pages and flic.kr links (rare) use the scalar code.
-Results are identical to the scalar functions on every input: tests/pipeline/test_urls.py checks
+Results are identical to the scalar functions on every input: tests/pipeline/decontam/test_urls.py checks
 this with hypothesis, and bench/decontaminate.py on a sample of its rows.
 """
 

@@ -12,7 +12,7 @@ oom_sample_per_shard`` digits. Shard s is written as
 - ``SSSSS_stats.json``: counts per status, written when the shard is done (what resuming looks at).
 
 The download stage runs img2dataset with ``disable_all_reencoding``: image bytes are kept as served,
-so ``width``/``height`` are null. tests/pipeline/test_download.py checks this schema against a real
+so ``width``/``height`` are null. tests/pipeline/ingest/test_download.py checks this schema against a real
 img2dataset run. Here a planted ``missing`` image becomes a failed download (HTTP 404) and its
 defect record names the path the image would have had.
 """

@@ -1,4 +1,4 @@
-"""A tiny world for the extraction tests (tests/pipeline/test_regions.py, test_region_parts.py).
+"""A tiny world for the extraction tests (tests/pipeline/extract/test_extract.py, test_parts.py).
 
 A few rendered COCO-style scenes plus one image of each defect kind, manifests that list them
 (clean + task manifests, with duplicates across manifests), VCR metadata files, RefCOCO+ boxes,

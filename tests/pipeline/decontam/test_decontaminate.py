@@ -1,7 +1,7 @@
 """Decontamination on a small synthetic world that plants one case of every reason.
 
 The world is written here (manifests + tiny images in tmp_path) so these tests do not depend on
-the mini-world generator or ingest; tests/pipeline/test_decontaminate_stage.py runs the real chain.
+the mini-world generator or ingest; the last section below (``mini_chain``) runs the real chain.
 """
 
 from __future__ import annotations

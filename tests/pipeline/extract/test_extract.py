@@ -1,6 +1,6 @@
 """Stage ``extract``: which images, the shard layout of docs/design.md §8, bad images, resume, given boxes.
 
-The tiny world of tests/pipeline/extract_world.py: a few rendered COCO-style scenes plus one image
+The tiny world of tests/helpers/extract_world.py: a few rendered COCO-style scenes plus one image
 of each defect kind, manifests that list them, VCR metadata files, RefCOCO+ boxes, and a randomly
 initialized mini detector checkpoint.
 """

@@ -1,6 +1,6 @@
 """One source's extraction split over K tasks (``extract SOURCE:k/K``) and merged (``extract.parts``).
 
-On the tiny world of extract_world.py: three parts run in any order and merged give the feature
+On the tiny world of tests/helpers/extract_world.py: three parts run in any order and merged give the feature
 directories, and the image DBs ``build_dbs`` makes of them, of one task byte for byte; the merge
 never loads the detector; a missing or stale part is named with the command that makes it.
 """

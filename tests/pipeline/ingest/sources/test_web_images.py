@@ -1,6 +1,6 @@
 """CC/SBU images in img2dataset's layout (pipeline/ingest/sources/web_images.py) on the hand-written fixtures:
 the fixture images are laid out as img2dataset's ``files`` output (shard tables in its schema, the one
-tests/pipeline/test_download.py checks against a real img2dataset run) and ingested again."""
+tests/pipeline/ingest/test_download.py checks against a real img2dataset run) and ingested again."""
 
 from __future__ import annotations
 
