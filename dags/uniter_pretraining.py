@@ -20,6 +20,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
@@ -30,6 +31,9 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 import _uniter_runs as runs  # noqa: E402
 from pipeline.common import gpu_alloc  # noqa: E402  (importable: _uniter_runs puts the repository on sys.path)
+from pipeline.params.finetune import TASKS as FINETUNE_TASK_NAMES  # noqa: E402
+from pipeline.params.model import ModelConfig  # noqa: E402
+from pipeline.params.pretrain import FIRST_STAGE_TASKS, PretrainConfig  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +43,17 @@ GPU_POOL = "gpu"
 GPU_POOL_SIZE = int(os.environ.get("AIRFLOW_GPU_SLOTS", "1"))
 DEFAULTS = runs.repo_params()
 DEFAULT_GPUS = runs.gpus_per_stage(runs.parse_repo_params())
-PRESETS = ["tiny", "small", "base", "large"]
-PRETRAIN_TASKS = ["mlm", "mrfr", "mrc", "mrc_kl", "itm"]
-FINETUNE_TASKS = ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus"]
+
+
+def _choices(section: type, key: str) -> list[str]:
+    """The values a params key allows: the ``Literal`` of its field in the section's dataclass
+    (pipeline.params defines each choice once; the conf's schema follows it)."""
+    return list(get_args(get_type_hints(section)[key]))
+
+
+PRESETS = _choices(ModelConfig, "preset")
+PRETRAIN_TASKS = list(FIRST_STAGE_TASKS)
+FINETUNE_TASKS = list(FINETUNE_TASK_NAMES)
 
 PARAMS = {
     "run_name": Param(
@@ -57,10 +69,10 @@ PARAMS = {
         description="Pretraining task -> sampling weight (one task per step).",
     ),
     "pretrain_data": Param(
-        DEFAULTS["pretrain"]["datasets"], type="string", enum=["indomain", "outdomain", "both"],
+        DEFAULTS["pretrain"]["datasets"], type="string", enum=_choices(PretrainConfig, "datasets"),
         description="In-domain (COCO+VG), out-of-domain (CC+SBU) or both.",
     ),
-    "masking": Param(DEFAULTS["pretrain"]["masking"], type="string", enum=["conditional", "joint"]),
+    "masking": Param(DEFAULTS["pretrain"]["masking"], type="string", enum=_choices(PretrainConfig, "masking")),
     "pretrain_steps": Param(DEFAULTS["pretrain"]["steps"], type="integer", minimum=1),
     "vcr_steps": Param(DEFAULTS["pretrain"]["vcr"]["steps"], type="integer", minimum=1),
     "finetune_tasks": Param(
