@@ -128,7 +128,7 @@ class OptimConfig:
     lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = bounded(0.01, 0, 1)  # not applied to biases and LayerNorm weights
-    warmup_steps: int = bounded(10, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    warmup_steps: int = bounded(35, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
     # global gradient norm (0: no clipping); UNITER 5.0 (config/pretrain-*.json grad_norm)
     grad_clip: float = bounded(recipe_default("pretrain.optim.grad_clip"), 0, 1e6)
     grad_accum: int = bounded(1, 1, 10_000)  # micro-batches (token buckets) per optimizer step
