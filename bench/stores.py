@@ -42,8 +42,11 @@ def region_counts(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def write_shards(out: Path, n_images: int, dim: int, classes: int, seed: int, shard_size: int = 500) -> dict:
-    """Feature shards (docs/design.md §8) + meta.json; returns {image_id: arrays} for the npz copy."""
-    from safetensors.numpy import save_file
+    """Feature shards (docs/design.md §8, written by the extract stage's own encoder) + meta.json;
+    returns {image_id: arrays as stored} for the npz copy."""
+    from pipeline.common.runinfo import atomic_write_bytes, mark_done
+    from pipeline.extract.detector.extractor import Regions
+    from pipeline.extract.detector.shards import encode_shard, read_shard, shard_name
 
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True)
@@ -51,26 +54,20 @@ def write_shards(out: Path, n_images: int, dim: int, classes: int, seed: int, sh
     ids = [f"{i:09d}" for i in rng.permutation(10 * n_images)[:n_images]]
     for s, start in enumerate(range(0, n_images, shard_size)):
         chunk = ids[start:start + shard_size]
-        counts = region_counts(rng, len(chunk))
-        n = int(counts.sum())
-        logits = rng.standard_normal((n, classes)).astype(np.float32) * 3
-        soft = np.exp(logits - logits.max(1, keepdims=True))
-        tensors = {
-            "features": np.maximum(rng.standard_normal((n, dim)), 0).astype(np.float16),
-            "boxes": np.sort(rng.uniform(0, 600, (n, 4)), axis=1).astype(np.float32),
-            "norm_bb": rng.random((n, 7)).astype(np.float16),
-            "conf": rng.random(n).astype(np.float16),
-            "soft_labels": (soft / soft.sum(1, keepdims=True)).astype(np.float16),
-            "offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            "image_hw": np.full((len(chunk), 2), 480, dtype=np.int32),
-        }
-        path = out / f"shard-{s:05d}.safetensors"
-        save_file(tensors, str(path), metadata={"image_ids": json.dumps(chunk)})
-        (out / f"shard-{s:05d}.safetensors.done").write_text("{}\n")
-        off = tensors["offsets"]
-        for i, image_id in enumerate(chunk):
-            per_image[image_id] = {k: tensors[k][off[i]:off[i + 1]] for k in
-                                   ("features", "boxes", "norm_bb", "conf", "soft_labels")}
+        regions = []
+        for n in region_counts(rng, len(chunk)):
+            logits = rng.standard_normal((n, classes)).astype(np.float32) * 3
+            soft = np.exp(logits - logits.max(1, keepdims=True))
+            regions.append(Regions(features=np.maximum(rng.standard_normal((n, dim)), 0).astype(np.float32),
+                                   boxes=np.sort(rng.uniform(0, 600, (n, 4)), axis=1).astype(np.float32),
+                                   conf=rng.random(n).astype(np.float32), soft_labels=soft / soft.sum(1, keepdims=True),
+                                   attributes=None, image_hw=(480, 480)))
+        path = out / shard_name(s)
+        atomic_write_bytes(path, encode_shard(chunk, regions, feature_dim=dim, num_classes=classes))
+        mark_done(path, {"images": len(chunk)})
+        shard = read_shard(path)
+        for j, image_id in enumerate(chunk):
+            per_image[image_id] = {k: v for k, v in shard.image(j).items() if k != "image_hw"}
     (out / "meta.json").write_text(json.dumps({"feature_dim": dim, "num_classes": classes, "mode": "detected",
                                                "detector": "synthetic", "class_names": None}))
     return per_image

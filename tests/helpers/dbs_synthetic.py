@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from safetensors.numpy import save_file
 
+from pipeline.common.runinfo import atomic_write_bytes, mark_done
+from pipeline.extract.detector.extractor import Regions
+from pipeline.extract.detector.shards import encode_shard, shard_name
 from pipeline.params.parser import load_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,32 +27,31 @@ def sentence(rng: np.random.Generator, lo: int = 4, hi: int = 12) -> str:
     return " ".join(rng.choice(WORDS, size=int(rng.integers(lo, hi))))
 
 
+def _random_regions(rng: np.random.Generator, boxes: np.ndarray | None) -> Regions:
+    """One 192 x 192 image's regions: the given boxes, or 3..11 random ones; random features and labels."""
+    if boxes is None:
+        boxes = np.sort(rng.uniform(0, 190, size=(int(rng.integers(3, 12)), 4)), axis=1)
+    n = len(boxes)
+    soft = rng.random((n, CLASSES))
+    return Regions(features=rng.standard_normal((n, DIM)).astype(np.float32), boxes=boxes.astype(np.float32),
+                   conf=rng.random(n).astype(np.float32), soft_labels=soft / soft.sum(1, keepdims=True),
+                   attributes=None, image_hw=(192, 192))
+
+
 def write_features(root: Path, name: str, image_ids: list[str], *, seed: int, shard_size: int = 5,
                    boxes_of: dict[str, np.ndarray] | None = None) -> None:
-    """A feature directory with unsorted image order across shards, each shard with its .done marker."""
+    """A feature directory with unsorted image order across shards, each shard encoded and marked
+    done by the extract stage's own writer (pipeline/extract/detector/shards.py)."""
     rng = np.random.default_rng(seed)
     out = root / name
     out.mkdir(parents=True)
     ids = list(reversed(image_ids))  # shards are not in key order: the DB must sort
     for s, start in enumerate(range(0, len(ids), shard_size)):
         chunk = ids[start:start + shard_size]
-        counts = [len(boxes_of[i]) if boxes_of else int(rng.integers(3, 12)) for i in chunk]
-        n = sum(counts)
-        boxes = np.concatenate([boxes_of[i] for i in chunk]).astype(np.float32) if boxes_of else \
-            np.sort(rng.uniform(0, 190, size=(n, 4)), axis=1).astype(np.float32)
-        soft = rng.random((n, CLASSES)).astype(np.float32)
-        tensors = {
-            "features": rng.standard_normal((n, DIM)).astype(np.float16),
-            "boxes": boxes,
-            "norm_bb": rng.random((n, 7)).astype(np.float16),
-            "conf": rng.random(n).astype(np.float16),
-            "soft_labels": (soft / soft.sum(1, keepdims=True)).astype(np.float16),
-            "offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            "image_hw": np.full((len(chunk), 2), 192, dtype=np.int32),
-        }
-        path = out / f"shard-{s:05d}.safetensors"
-        save_file(tensors, str(path), metadata={"image_ids": json.dumps(chunk)})
-        (out / f"shard-{s:05d}.safetensors.done").write_text("{}\n")
+        regions = [_random_regions(rng, boxes_of[i] if boxes_of else None) for i in chunk]
+        path = out / shard_name(s)
+        atomic_write_bytes(path, encode_shard(chunk, regions, feature_dim=DIM, num_classes=CLASSES))
+        mark_done(path, {"images": len(chunk), "regions": sum(len(r.boxes) for r in regions)})
     meta = {"feature_dim": DIM, "num_classes": CLASSES, "class_names": [f"c{i}" for i in range(CLASSES)],
             "detector": "synthetic", "mode": "given" if name.endswith("_gt") else "detected"}
     (out / "meta.json").write_text(json.dumps(meta))
