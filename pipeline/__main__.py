@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from pipeline.common.runinfo import stage_clock
 from pipeline.stages import STAGES, TOOLS, resolve
 
 
@@ -95,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run_stage(stage, params, item: str | None) -> None:
     """Import the stage's module and call its entry (with ITEM for item stages); logs the wall time."""
     func = resolve(stage.entry)
-    start = time.time()
-    if stage.item:
-        func(params, item)
-    else:
-        func(params)
+    with stage_clock() as start:  # the stage's _run.json wall times count from here
+        if stage.item:
+            func(params, item)
+        else:
+            func(params)
     logging.getLogger("pipeline").info("%s finished in %.1fs", stage.name, time.time() - start)
 
 

@@ -22,6 +22,21 @@ from typing import Any, Iterable, Iterator, Mapping
 
 RUN_FILE = "_run.json"
 DONE_SUFFIX = ".done"
+# time.time() when the running stage began (set by stage_clock); None outside a stage
+_stage_start: float | None = None
+
+
+@contextlib.contextmanager
+def stage_clock() -> Iterator[float]:
+    """Mark the start of a stage: every :class:`RunRecord` written inside measures its
+    ``wall_time_s`` from here, not from its own creation (most stages create their record only
+    once the work is done). Yields the start time."""
+    global _stage_start
+    outer, _stage_start = _stage_start, time.time()
+    try:
+        yield _stage_start
+    finally:
+        _stage_start = outer
 
 
 def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
@@ -170,6 +185,9 @@ class RunRecord:
     >>> rec.inputs["captions"] = path; rec.counts["rows"] = 10
     >>> rec.write(out_dir)
 
+    ``wall_time_s`` runs from the enclosing :func:`stage_clock` (the stage's start; the CLI sets
+    it) or, outside one, from the record's creation.
+
     ``extra["outputs"]`` (name -> path, relative paths from the working directory) lists outputs
     written outside ``out_dir``; :meth:`write` refuses to record a run whose listed output (or a
     path of its ``require``) is missing.
@@ -181,7 +199,8 @@ class RunRecord:
         self.inputs: dict[str, Path | str] = {}
         self.counts: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
-        self._start = time.time()
+        now = time.time()
+        self._start = now if _stage_start is None else min(now, _stage_start)
 
     def write(self, out_dir: Path | str, name: str = RUN_FILE, *, require: Iterable[Path | str] = ()) -> dict[str, Any]:
         """Write the record as ``out_dir/name`` (atomically) and return it.

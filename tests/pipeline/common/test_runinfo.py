@@ -1,0 +1,38 @@
+"""_run.json wall times (pipeline/common/runinfo.py): a record created at the end of a stage still
+reports the stage's whole duration."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from pipeline.common import runinfo
+from pipeline.common.runinfo import RunRecord, stage_clock
+
+
+def _wall(tmp_path, record: RunRecord) -> float:
+    record.write(tmp_path)
+    return json.loads((tmp_path / runinfo.RUN_FILE).read_text())["wall_time_s"]
+
+
+def test_a_record_created_late_in_a_stage_counts_from_the_stage_start(tmp_path, monkeypatch):
+    clock = iter([100.0, 130.0, 131.0])  # stage start, record created, record written
+    monkeypatch.setattr(runinfo.time, "time", lambda: next(clock))
+    with stage_clock() as start:
+        assert start == 100.0
+        record = RunRecord("train_detector", "digest")
+        assert _wall(tmp_path, record) == 31.0
+
+
+def test_outside_a_stage_the_record_counts_from_its_creation(tmp_path, monkeypatch):
+    clock = iter([50.0, 52.5])
+    monkeypatch.setattr(runinfo.time, "time", lambda: next(clock))
+    assert _wall(tmp_path, RunRecord("extract@coco", "digest")) == 2.5
+
+
+def test_the_clock_is_restored_after_the_stage(tmp_path):
+    with stage_clock():
+        pass
+    assert runinfo._stage_start is None
+    before = time.time()
+    assert _wall(tmp_path, RunRecord("results", "digest")) <= time.time() - before + 0.01
