@@ -29,6 +29,7 @@ TEXT_TYPE, IMAGE_TYPE = 0, 1
 VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE = 2, 3
 VCR_TYPE_VOCAB = 4
 REGION_FEATURE_NORMS = ("none", "standardize")
+REGION_BOX_NORMS = ("none", "center")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class UniterConfig:
     # region features into the projection: none (UNITER) | standardize (each region over its D dims;
     # params model.region_feature_norm, model/uniter.py ImageEmbeddings)
     region_feature_norm: str = "none"
+    # the 7 box numbers into their projection: none (UNITER: as they are, all in [0, 1]) | center
+    # (minus 0.5; params model.region_box_norm, model/uniter.py ImageEmbeddings)
+    region_box_norm: str = "none"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -60,6 +64,9 @@ class UniterConfig:
         if self.region_feature_norm not in REGION_FEATURE_NORMS:
             raise ValueError(f"UniterConfig: region_feature_norm must be one of {REGION_FEATURE_NORMS}, "
                              f"got {self.region_feature_norm!r}")
+        if self.region_box_norm not in REGION_BOX_NORMS:
+            raise ValueError(f"UniterConfig: region_box_norm must be one of {REGION_BOX_NORMS}, "
+                             f"got {self.region_box_norm!r}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

@@ -25,4 +25,7 @@ class ModelConfig:
     # region features into that projection: none (UNITER: raw) | standardize (each region over its
     # dimensions, no parameters; model/uniter.py ImageEmbeddings); default: pretrain.recipe's
     region_feature_norm: Literal["none", "standardize"] = recipe_default("model.region_feature_norm")
+    # the 7 box numbers into their projection: none (UNITER: as they are, in [0, 1]) | center (minus
+    # 0.5; model/uniter.py ImageEmbeddings); default: pretrain.recipe's (both: none)
+    region_box_norm: Literal["none", "center"] = recipe_default("model.region_box_norm")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

@@ -37,6 +37,7 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain.first_phase_steps": {"uniter": 0, "project": 100},
     "model.region_init": {"uniter": "random", "project": "class_names"},
     "model.region_feature_norm": {"uniter": "none", "project": "standardize"},
+    "model.region_box_norm": {"uniter": "none", "project": "none"},
     "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
     "pretrain.wra_words": {"uniter": "all", "project": "all"},
     "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},

@@ -151,6 +151,23 @@ def test_masked_regions_get_the_mask_embedding_and_inputs_checked(norm):
         model(ids, mask, feat)
 
 
+def test_centered_boxes_are_the_raw_boxes_shifted_by_half():
+    """region_box_norm center: the box projection reads ``box - 0.5`` (UNITER, ``none``: the box as
+    it is); the weights are the same, so only the input differs."""
+    torch.manual_seed(2)
+    raw = UniterModel(UniterConfig.from_preset("tiny", region_box_norm="none"), img_dim=12).eval()
+    centered = UniterModel(UniterConfig.from_preset("tiny", region_box_norm="center"), img_dim=12).eval()
+    centered.load_state_dict(raw.state_dict())
+    feat, pos, _ = _image_inputs(3, 5, 12)
+    type_emb = raw.embeddings.token_type_embeddings.weight[1]
+    with torch.no_grad():
+        torch.testing.assert_close(centered.img_embeddings(feat, pos, type_emb),
+                                   raw.img_embeddings(feat, pos - 0.5, type_emb))
+        assert not torch.allclose(centered.img_embeddings(feat, pos, type_emb), raw.img_embeddings(feat, pos, type_emb))
+    with pytest.raises(ValueError, match="region_box_norm"):
+        UniterConfig.from_preset("tiny", region_box_norm="scale")
+
+
 def test_region_embeddings_ignore_common_mode_weight_updates():
     """Adam's first updates of the feature projection on non-negative detector features have the
     form ``u 1^T`` (one sign per weight row); they used to shift every region the same way until
