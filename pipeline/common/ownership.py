@@ -6,7 +6,9 @@ carries an :data:`OWNER_FILE` written by the stage that created it: ``{"stage": 
 ...}``. Before removing or replacing a directory, a stage calls :func:`check_owned` (through
 :func:`remove_owned` or :func:`claim_dir`): a non-empty directory without the marker is never
 touched; the stage stops with :class:`ForeignDirectoryError` naming it. An empty directory holds
-nothing to lose and may be taken over.
+nothing to lose and may be taken over, and so may one holding only what a killed marker write left
+(the marker's temporary file, :func:`is_marker_leftover`): a stage SIGKILLed between creating its
+directory and renaming the marker into place must not lock its own retry out.
 
 Why a marker and not only a check of the path: ``paths.data`` may point anywhere by design, so a
 path inside the data directory can still be someone's own folder (``paths.data: ~`` by mistake).
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 OWNER_FILE = ".uniter-owner.json"
+# pipeline.common.runinfo.atomic_write_bytes writes the marker as ".<name>.<random>.tmp", then renames it
+_MARKER_TMP_PREFIX, _MARKER_TMP_SUFFIX = f".{OWNER_FILE}.", ".tmp"
 
 
 class ForeignDirectoryError(RuntimeError):
@@ -38,15 +42,23 @@ def is_owned(path: Path | str) -> bool:
     return (Path(path) / OWNER_FILE).is_file()
 
 
+def is_marker_leftover(entry: Path) -> bool:
+    """True for the temporary file of a marker write that was killed before its rename."""
+    name = entry.name
+    return name.startswith(_MARKER_TMP_PREFIX) and name.endswith(_MARKER_TMP_SUFFIX) and entry.is_file() \
+        and not entry.is_symlink()
+
+
 def check_owned(path: Path | str, action: str = "remove") -> None:
-    """Raise :class:`ForeignDirectoryError` unless ``path`` is absent, empty, or carries the marker.
+    """Raise :class:`ForeignDirectoryError` unless ``path`` is absent, empty (but for marker
+    leftovers), or carries the marker.
 
     A path that exists but is not a directory (a file, a link) is never the pipeline's directory.
     """
     path = Path(path)
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise ForeignDirectoryError(path, action)
-    if path.is_dir() and not is_owned(path) and any(path.iterdir()):
+    if path.is_dir() and not is_owned(path) and any(not is_marker_leftover(e) for e in path.iterdir()):
         raise ForeignDirectoryError(path, action)
 
 
@@ -70,6 +82,9 @@ def claim_dir(path: Path | str, stage: str, params_digest: str | None = None) ->
     check_owned(path, action="write into and later clear")
     path.mkdir(parents=True, exist_ok=True)
     write_marker(path, stage, params_digest)
+    for entry in path.iterdir():  # what an earlier, killed marker write left
+        if is_marker_leftover(entry):
+            entry.unlink(missing_ok=True)
     return path
 
 

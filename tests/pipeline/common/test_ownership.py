@@ -63,6 +63,36 @@ def test_empty_directories_may_be_taken_over_files_and_links_never(tmp_path):
     assert intact(target) and (tmp_path / "file").read_text() == "precious\n"
 
 
+_KILLED_MARKER_WRITE = """
+import os, signal, sys
+from pipeline.common import ownership
+real_replace = os.replace
+def replace(src, dst):  # SIGKILL between writing the marker's temporary file and renaming it
+    if str(dst).endswith(ownership.OWNER_FILE):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+os.replace = replace
+ownership.claim_dir(sys.argv[1], "extract@coco")
+"""
+
+
+def test_a_stage_killed_during_its_marker_write_can_claim_its_directory_again(tmp_path):
+    # The Celery kill-a-worker test once hit this: the retry of a SIGKILLed extract found
+    # features/coco holding only the marker's temporary file and refused to touch it.
+    target = tmp_path / "features" / "coco"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MARKER_WRITE, str(target)], cwd=ROOT)
+    assert proc.returncode == -9
+    leftovers = list(target.iterdir())
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(f".{OWNER_FILE}.") and not is_owned(target)
+    assert is_owned(claim_dir(target, "extract@coco"))
+    assert sorted(p.name for p in target.iterdir()) == [OWNER_FILE]  # the leftover is tidied away
+    leftovers[0].write_text("")  # a leftover beside anything else: the directory is not ours
+    (target / OWNER_FILE).unlink()
+    (target / "sentinel.txt").write_text("precious\n")
+    with pytest.raises(ForeignDirectoryError):
+        claim_dir(target, "extract@coco")
+
+
 def test_atomic_dir_refuses_to_replace_a_foreign_directory_before_the_work(tmp_path):
     final = decoy(tmp_path / "out")
     ran = []
