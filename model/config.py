@@ -14,6 +14,8 @@ from dataclasses import dataclass
 __all__ = [
     "IMAGE_TYPE",
     "PRESETS",
+    "REGION_BOX_NORMS",
+    "REGION_BOX_STARTS",
     "REGION_FEATURE_NORMS",
     "TEXT_TYPE",
     "UniterConfig",
@@ -30,6 +32,7 @@ VCR_ANSWER_TYPE, VCR_RATIONALE_TYPE = 2, 3
 VCR_TYPE_VOCAB = 4
 REGION_FEATURE_NORMS = ("none", "standardize")
 REGION_BOX_NORMS = ("none", "center")
+REGION_BOX_STARTS = ("reference", "zero")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class UniterConfig:
     # the 7 box numbers into their projection: none (UNITER: as they are, all in [0, 1]) | center
     # (minus 0.5; params model.region_box_norm, model/uniter.py ImageEmbeddings)
     region_box_norm: str = "none"
+    # the box branch's LayerNorm gain at the start: reference (UNITER: BERT's 1) | zero (the box adds
+    # nothing until training grows it; params model.region_box_start, model/uniter.py ImageEmbeddings)
+    region_box_start: str = "reference"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -67,6 +73,9 @@ class UniterConfig:
         if self.region_box_norm not in REGION_BOX_NORMS:
             raise ValueError(f"UniterConfig: region_box_norm must be one of {REGION_BOX_NORMS}, "
                              f"got {self.region_box_norm!r}")
+        if self.region_box_start not in REGION_BOX_STARTS:
+            raise ValueError(f"UniterConfig: region_box_start must be one of {REGION_BOX_STARTS}, "
+                             f"got {self.region_box_start!r}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

@@ -28,4 +28,7 @@ class ModelConfig:
     # the 7 box numbers into their projection: none (UNITER: as they are, in [0, 1]) | center (minus
     # 0.5; model/uniter.py ImageEmbeddings); default: pretrain.recipe's (both: none)
     region_box_norm: Literal["none", "center"] = recipe_default("model.region_box_norm")
+    # the box branch's LayerNorm gain at the start: reference (UNITER: 1) | zero (the box adds nothing
+    # until training grows it; model/uniter.py ImageEmbeddings); default: pretrain.recipe's (project: zero)
+    region_box_start: Literal["reference", "zero"] = recipe_default("model.region_box_start")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

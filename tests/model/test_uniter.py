@@ -168,6 +168,31 @@ def test_centered_boxes_are_the_raw_boxes_shifted_by_half():
         UniterConfig.from_preset("tiny", region_box_norm="scale")
 
 
+def test_a_zero_box_start_adds_no_box_until_training_grows_its_gain():
+    """region_box_start zero: ``pos_norm``'s gain starts at 0 (UNITER, ``reference``: 1), so at the
+    start the region embedding does not depend on the box at all; the gain's gradient is nonzero,
+    so training can grow the box branch; everything else starts as under ``reference``."""
+    torch.manual_seed(3)
+    ref = UniterModel(UniterConfig.from_preset("tiny"), img_dim=12)
+    torch.manual_seed(3)
+    zero = UniterModel(UniterConfig.from_preset("tiny", region_box_start="zero"), img_dim=12)
+    emb = zero.img_embeddings
+    assert torch.equal(emb.pos_norm.weight, torch.zeros_like(emb.pos_norm.weight))
+    assert torch.equal(ref.img_embeddings.pos_norm.weight, torch.ones_like(emb.pos_norm.weight))
+    differ = [k for k, v in zero.state_dict().items() if not torch.equal(v, ref.state_dict()[k])]
+    assert differ == ["img_embeddings.pos_norm.weight"]
+    feat, pos, _ = _image_inputs(3, 5, 12)
+    type_emb = zero.embeddings.token_type_embeddings.weight[1]
+    zero.eval()
+    out = emb(feat, pos, type_emb)
+    # pos_norm's bias (0 at the start) is all the box branch adds
+    torch.testing.assert_close(out, emb(feat, torch.rand_like(pos), type_emb), rtol=0, atol=0)
+    out.pow(2).sum().backward()
+    assert emb.pos_norm.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="region_box_start"):
+        UniterConfig.from_preset("tiny", region_box_start="one")
+
+
 def test_region_embeddings_ignore_common_mode_weight_updates():
     """Adam's first updates of the feature projection on non-negative detector features have the
     form ``u 1^T`` (one sign per weight row); they used to shift every region the same way until
