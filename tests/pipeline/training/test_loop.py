@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import sys
-import time
 from pathlib import Path
 
 import pytest
