@@ -271,6 +271,9 @@ def test_second_repro_is_a_no_op(tiny_runs):
         assert UP_TO_DATE in log and not ran_stages(log), log
 
 
+SNLI_STEPS = "finetune.per_task.snli_ve.steps"
+
+
 def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     repo = tiny_runs["a"][0]
     run(["git", "add", "-A"], repo)  # dvc.lock, so the experiment has a baseline to compare with
@@ -281,6 +284,17 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     log = dvc(["exp", "run", "-S", "finetune.per_task.snli_ve.steps=12"], repo)
     assert ran_stages(log) == expected, log
     assert yaml.safe_load((repo / "params.yaml").read_text())["finetune"]["per_task"]["snli_ve"]["steps"] == 12
+    # the experiment keeps its metrics (results.json and the tasks' dev scores), which `report results
+    # --exps` and `report spread` read through `dvc exp show`: a metrics file outside the DVC cache in
+    # the git-ignored data/ would be missing from every experiment
+    from pipeline.report.results_cli import experiments
+
+    show = json.loads(run([str(BIN / "dvc"), "exp", "show", "--json"], repo).stdout)
+    exp = [e for e in experiments(show) if e["name"] != "workspace" and e["params"].get(SNLI_STEPS) == 12]
+    assert exp and exp[0]["results"] and any(r["task"] == "snli_ve" for r in exp[0]["results"]["rows"]), exp
+    task_metrics = [rev["data"]["metrics"]["data/metrics/snli_ve.json"] for entry in show
+                    for x in entry.get("experiments") or [] for rev in x["revs"]]
+    assert task_metrics and all("data" in m for m in task_metrics), task_metrics
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,9 +238,11 @@ def test_experiments_side_by_side(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_real_dvc_exp_show_is_parsed(tmp_path):
-    """Two `dvc exp run`s in a scratch repository whose stage writes data/reports/results.json."""
+    """Two `dvc exp run`s in a scratch repository whose stage writes data/reports/results.json,
+    declared and git-ignored as in this project (data/ ignored, the metrics file DVC-cached)."""
     repo = tmp_path / "repo"
     (repo / "data" / "reports").mkdir(parents=True)
+    (repo / ".gitignore").write_text("/data/*\n")
     (repo / "params.yaml").write_text("pretrain:\n  masking: conditional\n")
     (repo / "make.py").write_text(
         "import json, yaml\n"
@@ -249,7 +251,7 @@ def test_real_dvc_exp_show_is_parsed(tmp_path):
         "json.dump({'rows': [], 'meta_sum': {'pretrained': s}}, open('data/reports/results.json', 'w'))\n")
     (repo / "dvc.yaml").write_text(
         "stages:\n  results:\n    cmd: python make.py\n    deps: [make.py]\n    params: [pretrain.masking]\n"
-        "    metrics:\n      - data/reports/results.json:\n          cache: false\n")
+        "    metrics:\n      - data/reports/results.json\n")
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     dvc = str(Path(sys.executable).with_name("dvc"))
