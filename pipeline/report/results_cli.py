@@ -72,12 +72,13 @@ def _flatten(prefix: str, node: Any, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def experiments(show: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``dvc exp show --json`` -> [{name, params (flat), results (results.json or None)}], in its order:
-    the workspace, then each commit followed by the experiments derived from it."""
+def experiments(show: list[Mapping[str, Any]], repo: Path | str = ".") -> list[dict[str, Any]]:
+    """``dvc exp show --json`` of the repository ``repo`` -> [{name, params (flat), results
+    (results.json or None)}], in its order: the workspace, then each commit followed by the
+    experiments derived from it."""
     out = []
 
-    def add(name: str, data: Mapping[str, Any] | None) -> None:
+    def add(name: str, rev: str, data: Mapping[str, Any] | None) -> None:
         data = data or {}
         params: dict[str, Any] = {}
         for file_params in (data.get("params") or {}).values():
@@ -86,16 +87,32 @@ def experiments(show: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for path, metrics in (data.get("metrics") or {}).items():
             if path.endswith(RESULTS_METRICS) and "data" in metrics:
                 results = metrics["data"]
+                if "rows" not in results:  # DVC's metrics keep no lists: read the file itself
+                    results = results_file_at(repo, path, rev) or results
         out.append({"name": name, "params": params, "results": results})
 
     for entry in show:
         rev = entry.get("rev", "?")
-        add(entry.get("name") or (rev if rev == "workspace" else rev[:7]), entry.get("data"))
+        add(entry.get("name") or (rev if rev == "workspace" else rev[:7]), rev, entry.get("data"))
         for exp in entry.get("experiments") or []:
             for rev_entry in exp.get("revs") or []:
                 name = rev_entry.get("name") or exp.get("name") or str(rev_entry.get("rev", "?"))[:7]
-                add(name, rev_entry.get("data"))
+                add(name, str(rev_entry.get("rev", "?")), rev_entry.get("data"))
     return out
+
+
+def results_file_at(repo: Path | str, path: str, rev: str) -> dict[str, Any] | None:
+    """results.json (``path``, relative to ``repo``) as the revision ``rev`` holds it (the workspace:
+    the file on disk), with its ``rows`` list, which ``dvc exp show``'s metrics leave out; None when
+    unreadable."""
+    try:
+        if rev == "workspace":
+            return json.loads((Path(repo) / path).read_text())
+        import dvc.api
+
+        return json.loads(dvc.api.read(path, repo=str(repo), rev=rev))
+    except Exception:  # noqa: BLE001 - no repository, no such revision or file: keep what exp show gave
+        return None
 
 
 def airflow_runs(runs_dir: Path) -> list[dict[str, Any]]:

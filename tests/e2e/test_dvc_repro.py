@@ -290,7 +290,7 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     from pipeline.report.results_cli import experiments
 
     show = json.loads(run([str(BIN / "dvc"), "exp", "show", "--json"], repo).stdout)
-    exp = [e for e in experiments(show) if e["name"] != "workspace" and e["params"].get(SNLI_STEPS) == 12]
+    exp = [e for e in experiments(show, repo) if e["name"] != "workspace" and e["params"].get(SNLI_STEPS) == 12]
     assert exp and exp[0]["results"] and any(r["task"] == "snli_ve" for r in exp[0]["results"]["rows"]), exp
     task_metrics = [rev["data"]["metrics"]["data/metrics/snli_ve.json"] for entry in show
                     for x in entry.get("experiments") or [] for rev in x["revs"]]

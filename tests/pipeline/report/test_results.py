@@ -248,7 +248,8 @@ def test_real_dvc_exp_show_is_parsed(tmp_path):
         "import json, yaml\n"
         "m = yaml.safe_load(open('params.yaml'))['pretrain']['masking']\n"
         "s = 399.97 if m == 'conditional' else 396.51\n"
-        "json.dump({'rows': [], 'meta_sum': {'pretrained': s}}, open('data/reports/results.json', 'w'))\n")
+        "row = {'task': 'vqa', 'metric': 'test/accuracy', 'label': 'VQA test acc', 'pretrained': s / 5}\n"
+        "json.dump({'rows': [row], 'meta_sum': {'pretrained': s}}, open('data/reports/results.json', 'w'))\n")
     (repo / "dvc.yaml").write_text(
         "stages:\n  results:\n    cmd: python make.py\n    deps: [make.py]\n    params: [pretrain.masking]\n"
         "    metrics:\n      - data/reports/results.json\n")
@@ -272,6 +273,8 @@ def test_real_dvc_exp_show_is_parsed(tmp_path):
     assert by_name["joint"]["results"]["meta_sum"]["pretrained"] == 396.51
     names, rows = side_by_side([by_name["conditional"], by_name["joint"]])
     assert rows[0] == ("param pretrain.masking", ["conditional", "joint"]) and rows[-1][1] == ["399.97", "396.51"]
+    # the task rows too: DVC's metrics drop results.json's list of rows, so they are read from each revision
+    assert ("VQA test acc", ["79.99", "79.30"]) in rows, rows
 
 
 def test_airflow_runs_sit_beside_the_experiments(tmp_path, monkeypatch):
