@@ -281,7 +281,7 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     # a key with a short downstream
     expected = downstream_of("finetune.per_task.snli_ve", repo)  # dvc.yaml lists the task's block
     assert {"finetune@snli_ve", "results"} <= expected and not {"pretrain", "finetune@vqa"} & expected
-    log = dvc(["exp", "run", "-S", "finetune.per_task.snli_ve.steps=12"], repo)
+    log = dvc(["exp", "run", "-S", f"{SNLI_STEPS}=12"], repo)
     assert ran_stages(log) == expected, log
     assert yaml.safe_load((repo / "params.yaml").read_text())["finetune"]["per_task"]["snli_ve"]["steps"] == 12
     # the experiment keeps its metrics (results.json and the tasks' dev scores), which `report results
