@@ -5,7 +5,8 @@ For each task of ``finetune.tasks`` (or the one named), starting from ``data/mod
 the task's model is trained with the pretraining machinery (DeepSpeed engine, token-bucket streams, exact-resume checkpoints under
 ``data/checkpoints/finetune/<task>/``) and evaluated. With ``finetune.compare_scratch`` the same
 model is also trained from a non-pretrained start (``finetune.scratch_init``: BERT text weights
-only, or random) with the same steps and data order, so the pretraining gain is measured.
+only, or random; ``finetune.scratch_region_init``: its region projection random, or fitted as the
+pretraining stage fitted it) with the same steps and data order, so the pretraining gain is measured.
 
 Writes, per task:
 - ``data/models/<task>/``: ``model.safetensors`` (the fine-tuned model, pretrained start),
@@ -156,16 +157,18 @@ def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
 
     cfg, name = params.finetune, setup.task.name
     txt_root = Path(params.paths.data) / "db" / "txt"
-    # the scratch start fits its region projection on the first pretraining stage's training images
+    # scratch_region_init=as_pretraining: the scratch start fits its region projection on the first
+    # pretraining stage's training images, as that stage did
     region_sources = first_stage_sources(txt_root, params.pretrain.datasets, "train")
+    fitted = cfg.scratch_region_init == "as_pretraining" and params.model.region_init == "class_names"
+    region_init_images = params.model.region_init_images if fitted else 0
     start = {"init_model": init_digest(setup.init_dir)} if init == "pretrained" else \
         {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
-         "region_init": params.model.region_init, "region_init_images": params.model.region_init_images}
+         "region_init_images": region_init_images}
     return RunPlan(init=init, work_dir=setup.work_root / init, config=setup.config,  # type: ignore[arg-type]
                    img_dim=setup.img_dim, init_state=setup.state if init == "pretrained" else None,
                    scratch_init=cfg.scratch_init, bert_checkpoint=params.model.bert_checkpoint,
-                   region_init_images=params.model.region_init_images if params.model.region_init == "class_names"
-                   else 0,
+                   region_init_images=region_init_images,
                    region_sources=region_sources, img_root=Path(params.paths.data) / "db" / "img",
                    fingerprint={"task": name, "init": init, "params": task_digest(params, name),
                                 "inputs": setup.inputs, **start})

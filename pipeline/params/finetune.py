@@ -71,6 +71,9 @@ class FinetuneConfig:
     seed: int | None = bounded(None, 0, 2**32 - 1)
     compare_scratch: bool = True  # also fine-tune from a non-pretrained start with the same budget
     scratch_init: Literal["bert", "random"] = "bert"  # that start: BERT text weights only, or all random
+    # that start's region projection: random (the paper's no-pretraining row) | as_pretraining (the
+    # fit `model.region_init` gave the pretraining stage, so the gain leaves that fit out)
+    scratch_region_init: Literal["random", "as_pretraining"] = "random"
     # on CPU, train both starts at once, each in its own process with half the cores (faster than
     # one process using all of them); on GPU they run one after the other
     parallel_starts: bool = True
