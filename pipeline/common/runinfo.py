@@ -86,7 +86,8 @@ def machine() -> dict[str, Any]:
     """What computed the numbers: CPU model and count, and, when the stage loaded torch, its CPU
     kernel level and the GPU. CPU kernels differ between CPU models, so results are byte-identical
     only between runs on the same kind of machine (docs/experiments.md)."""
-    info: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                            **_cpu_identity()}
     torch = sys.modules.get("torch")  # never imported for this: light stages stay light
     if torch is not None:
         info["torch"] = torch.__version__
@@ -104,6 +105,27 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def _cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """``cpu_id`` (family / model / stepping / microcode) and ``cpu_flags`` (a digest of the flag
+    list) from /proc/cpuinfo: two machines with the same model name gave different pretrained models
+    (docs/experiments.md, 2026-12-02), so the name alone cannot say whether two runs are comparable."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping", "microcode", "flags") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:  # the first processor's block is enough
+                break
+    if not fields:
+        return {}
+    flags = " ".join(sorted(fields.get("flags", "").split()))
+    return {"cpu_id": " ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping", "microcode")
+                               if k in fields),
+            "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12]}
 
 
 def _umask() -> int:

@@ -36,3 +36,29 @@ def test_the_clock_is_restored_after_the_stage(tmp_path):
     assert runinfo._stage_start is None
     before = time.time()
     assert _wall(tmp_path, RunRecord("results", "digest")) <= time.time() - before + 0.01
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+stepping\t: 1
+microcode\t: 0x1000065
+flags\t\t: {flags}
+
+processor\t: 1
+cpu family\t: 99
+"""
+
+
+def test_the_machine_record_names_the_cpu_beyond_its_model_name(tmp_path):
+    """Two "AMD EPYC" machines gave different pretrained models: _run.json must tell them apart."""
+    info = {}
+    for name, flags in {"a": "fpu avx512f avx512_bf16", "b": "avx512_bf16 fpu avx512f", "c": "fpu avx2"}.items():
+        (tmp_path / name).write_text(CPUINFO.format(flags=flags))
+        info[name] = runinfo._cpu_identity(tmp_path / name)
+    assert info["a"]["cpu_id"] == "cpu family 25 model 17 stepping 1 microcode 0x1000065"  # the first block only
+    assert info["a"] == info["b"] and info["a"]["cpu_flags"] != info["c"]["cpu_flags"]
+    assert runinfo._cpu_identity(tmp_path / "missing") == {}
+    assert {"cpu", "cpu_id", "cpu_flags"} <= set(runinfo.machine())
