@@ -83,11 +83,13 @@ def code_version() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What computed the numbers: CPU model and count, and, when the stage loaded torch, its CPU
-    kernel level and the GPU. CPU kernels differ between CPU models, so results are byte-identical
-    only between runs on the same kind of machine (docs/experiments.md)."""
-    info: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                            **_cpu_identity()}
+    """What computed the numbers: CPU model, identity and count, and, when the stage loaded torch,
+    its CPU kernel level and the GPU. Results repeat to the byte on one machine; two machines with
+    the same CPU model name have given different pretrained models (docs/experiments.md,
+    2026-12-02), so ``cpu_id`` and ``cpu_flags`` say more than ``cpu`` whether two runs compare."""
+    cpu = _cpu_fields()
+    info: dict[str, Any] = {"cpu": cpu.get("model name") or platform.processor() or platform.machine(),
+                            "cpus": os.cpu_count(), "platform": platform.platform(), **_cpu_identity(cpu)}
     torch = sys.modules.get("torch")  # never imported for this: light stages stay light
     if torch is not None:
         info["torch"] = torch.__version__
@@ -99,32 +101,26 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
-    """``cpu_id`` (family / model / stepping / microcode) and ``cpu_flags`` (a digest of the flag
-    list) from /proc/cpuinfo: two machines with the same model name gave different pretrained models
-    (docs/experiments.md, 2026-12-02), so the name alone cannot say whether two runs are comparable."""
+def _cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's ``key: value`` lines of /proc/cpuinfo ({} where there is none)."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("cpu family", "model", "stepping", "microcode", "flags") and key not in fields:
-                fields[key] = value.strip()
-            if not line.strip() and fields:  # the first processor's block is enough
+            if not line.strip() and fields:  # the first block is enough: every core reports the same
                 break
-    if not fields:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_identity(fields: Mapping[str, str]) -> dict[str, str]:
+    """``cpu_id`` (family / model / stepping / microcode) and ``cpu_flags`` (a digest of the sorted
+    flag list) from :func:`_cpu_fields`."""
+    keys = [k for k in ("cpu family", "model", "stepping", "microcode") if k in fields]
+    if not keys:
         return {}
     flags = " ".join(sorted(fields.get("flags", "").split()))
-    return {"cpu_id": " ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping", "microcode")
-                               if k in fields),
+    return {"cpu_id": " ".join(f"{k} {fields[k]}" for k in keys),
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12]}
 
 

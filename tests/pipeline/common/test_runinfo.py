@@ -57,8 +57,9 @@ def test_the_machine_record_names_the_cpu_beyond_its_model_name(tmp_path):
     info = {}
     for name, flags in {"a": "fpu avx512f avx512_bf16", "b": "avx512_bf16 fpu avx512f", "c": "fpu avx2"}.items():
         (tmp_path / name).write_text(CPUINFO.format(flags=flags))
-        info[name] = runinfo._cpu_identity(tmp_path / name)
+        info[name] = runinfo._cpu_identity(runinfo._cpu_fields(tmp_path / name))
     assert info["a"]["cpu_id"] == "cpu family 25 model 17 stepping 1 microcode 0x1000065"  # the first block only
     assert info["a"] == info["b"] and info["a"]["cpu_flags"] != info["c"]["cpu_flags"]
-    assert runinfo._cpu_identity(tmp_path / "missing") == {}
+    assert runinfo._cpu_fields(tmp_path / "a")["model name"] == "AMD EPYC"
+    assert runinfo._cpu_fields(tmp_path / "missing") == {} and runinfo._cpu_identity({}) == {}
     assert {"cpu", "cpu_id", "cpu_flags"} <= set(runinfo.machine())
