@@ -238,16 +238,19 @@ def test_scratch_region_projection_is_random_unless_asked_to_start_as_pretrainin
     the region projection included; finetune.scratch_region_init=as_pretraining gives it that fit."""
     from pipeline.finetune.finetune import open_task, run_plan
 
+    def scratch_plan(*overrides: str):
+        params = ft_params(data, *overrides)
+        return run_plan(params, open_task(params, "snli_ve"), "scratch")
+
     fit = ("model.region_init=class_names", "model.region_init_images=5")
-    plans = {mode: run_plan(params, open_task(params, "snli_ve"), "scratch") for mode, params in
-             {mode: ft_params(data, *fit, f"finetune.scratch_region_init={mode}")
-              for mode in ("random", "as_pretraining")}.items()}
+    plans = {mode: scratch_plan(*fit, f"finetune.scratch_region_init={mode}")
+             for mode in ("random", "as_pretraining")}
     assert ft_params(data, *fit).finetune.scratch_region_init == "random"
     assert plans["random"].region_init_images == 0 and plans["as_pretraining"].region_init_images == 5
     assert plans["random"].fingerprint != plans["as_pretraining"].fingerprint
     # under model.region_init=random there is no fit to copy
-    params = ft_params(data, "finetune.scratch_region_init=as_pretraining", "model.region_init=random")
-    assert run_plan(params, open_task(params, "snli_ve"), "scratch").region_init_images == 0
+    unfitted = scratch_plan("finetune.scratch_region_init=as_pretraining", "model.region_init=random")
+    assert unfitted.region_init_images == 0
 
 
 def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
