@@ -121,7 +121,7 @@ class PlainLoop:
             self.model = self.model.to(torch.bfloat16)
         autocast_forward(self.model, s.precision, s.device)  # the engine's forward, in (a) and plain alike
         self.opt = torch.optim.AdamW(param_groups(self.model, s.weight_decay), lr=s.lr, betas=s.betas, eps=1e-6,
-                                     fused=s.device.type == "cuda", foreach=None if s.device.type == "cuda" else True)
+                                     fused=True)  # as pipeline.training.engine.initialize builds it
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_linear_decay(s.warmup_steps, s.total_steps))
 
     def step(self, batch: dict) -> float:
