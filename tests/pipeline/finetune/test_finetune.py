@@ -70,11 +70,13 @@ def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task)
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task):
-    """model.safetensors + model_config.json rebuild the model that was evaluated."""
+    """model.safetensors + model_config.json rebuild the model that was evaluated (in the precision
+    `_run.json` records: the stage evaluates in the precision it trained in)."""
     import torch
     from safetensors.torch import load_file
 
     from model.config import UniterConfig
+    from pipeline.finetune.runner import encoder_in_precision
     from pipeline.finetune.tasks import task_class
     from pipeline.finetune.tasks.base import TaskContext
 
@@ -84,7 +86,9 @@ def test_the_exported_model_reproduces_the_reported_metrics(data, finished, task
                                      seed=params.seed))
     model = t.build_model(UniterConfig(**config["uniter_config"]), img_dim=config["img_dim"])
     model.load_state_dict(load_file(str(data / "models" / task / "model.safetensors")), strict=True)
-    assert t.evaluate(model, torch.device("cpu")).metrics == finished[task]["pretrained"]
+    precision = json.loads((data / "models" / task / "_run.json").read_text())["precision"]
+    with encoder_in_precision(model, precision, torch.device("cpu")) as evaluated:
+        assert t.evaluate(evaluated, torch.device("cpu")).metrics == finished[task]["pretrained"]
 
 
 def test_task_specific_outputs(data, finished):
