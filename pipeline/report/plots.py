@@ -14,9 +14,12 @@ them. Same series => same bytes (no dates, fixed SVG ids).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import io
 import logging
+import multiprocessing
+import os
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
@@ -63,13 +66,15 @@ def collect(run_dir: Path) -> dict[str, dict[str, Series]]:
     return dict(found)
 
 
-def figure_bytes(title: str, curves: Mapping[str, Series], fmt: str) -> bytes:
-    """One line chart (step on x) of the given curves, as ``svg`` or ``png`` bytes."""
+def figure_bytes(title: str, curves: Mapping[str, Series], formats: Sequence[str]) -> dict[str, bytes]:
+    """One line chart (step on x) of the given curves, drawn once and saved in each of ``formats``
+    (``svg``, ``png``) -> {format: bytes}."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = {}
     with matplotlib.rc_context({"svg.hashsalt": "uniter-pipeline", "svg.fonttype": "none"}):
         fig, ax = plt.subplots(figsize=(5.0, 3.2), dpi=100)
         for split, (steps, values) in sorted(curves.items()):
@@ -80,11 +85,12 @@ def figure_bytes(title: str, curves: Mapping[str, Series], fmt: str) -> bytes:
         if any(curves):
             ax.legend(fontsize=8)
         fig.tight_layout()
-        buf = io.BytesIO()
-        metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-        fig.savefig(buf, format=fmt, metadata=metadata)
+        for fmt in formats:
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else {"Software": None})
+            out[fmt] = buf.getvalue()
         plt.close(fig)
-    return buf.getvalue()
+    return out
 
 
 def file_stem(metric: str) -> str:
@@ -96,9 +102,9 @@ def render_run(run_dir: Path, out_dir: Path, *, title: str | None = None,
     """Write every metric of one dvclive directory to ``out_dir``; return the files written."""
     written = []
     for metric, curves in sorted(collect(run_dir).items()):
-        for fmt in formats:
+        for fmt, data in figure_bytes(f"{title or run_dir.name}: {metric}", curves, formats).items():
             path = out_dir / f"{file_stem(metric)}.{fmt}"
-            atomic_write_bytes(path, figure_bytes(f"{title or run_dir.name}: {metric}", curves, fmt))
+            atomic_write_bytes(path, data)
             written.append(path)
     return written
 
@@ -111,9 +117,9 @@ def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[Path]]:
     result: dict[str, list[Path]] = {}
     with atomic_dir(out_root, stage="plots") as tmp:
         lines = ["# Training curves", ""]
-        for run_dir in runs:
-            name = run_dir.relative_to(metrics_root).as_posix()
-            files = render_run(run_dir, tmp / name, title=name)
+        names = [run_dir.relative_to(metrics_root).as_posix() for run_dir in runs]
+        rendered = _render_runs([(run_dir, tmp / name, name) for run_dir, name in zip(runs, names)])
+        for name, files in zip(names, rendered):
             result[name] = [out_root / f.relative_to(tmp) for f in files]
             lines += [f"## {name}", ""]
             lines += [f"![{f.stem}]({name}/{f.name})" for f in files if f.suffix == ".svg"] + [""]
@@ -121,6 +127,21 @@ def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[Path]]:
             lines.append(f"No dvclive metrics under {metrics_root}.")
         atomic_write_bytes(tmp / "index.md", ("\n".join(lines).rstrip() + "\n").encode())
     return result
+
+
+def _render_runs(jobs: list[tuple[Path, Path, str]]) -> list[list[Path]]:
+    """:func:`render_run` of each (run_dir, out_dir, title), one process per core: matplotlib draws
+    ~10 figures a second on one core, and a demo has ~230 of them. Same files as one process."""
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers < 2:
+        return [_render_job(job) for job in jobs]
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_render_job, jobs))
+
+
+def _render_job(job: tuple[Path, Path, str]) -> list[Path]:
+    run_dir, out_dir, title = job
+    return render_run(run_dir, out_dir, title=title)
 
 
 def run(params) -> dict[str, list[Path]]:
