@@ -131,7 +131,7 @@ class OptimConfig:
     lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = bounded(0.01, 0, 1)  # not applied to biases and LayerNorm weights
-    warmup_steps: int = bounded(35, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    warmup_steps: int = bounded(70, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
     # global gradient norm (0: no clipping); UNITER 5.0 (config/pretrain-*.json grad_norm)
     grad_clip: float = bounded(recipe_default("pretrain.optim.grad_clip"), 0, 1e6)
     grad_accum: int = bounded(1, 1, 10_000)  # micro-batches (token buckets) per optimizer step
@@ -164,7 +164,7 @@ class VcrStageConfig:
 class PretrainConfig:
     # uniter | project: the defaults of the keys in RECIPE_DEFAULTS (apply_recipe fills them at parse time)
     recipe: Literal["uniter", "project"] = DEFAULT_RECIPE
-    steps: int = bounded(350, 1, MAX_STEPS)  # optimizer steps
+    steps: int = bounded(700, 1, MAX_STEPS)  # optimizer steps
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
