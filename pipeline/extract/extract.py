@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,8 @@ import pyarrow.parquet as pq
 
 from pipeline.common.ownership import claim_dir, preflight
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
-from pipeline.extract.detector.runner import (ExtractSettings, ImageItem, RunSummary, plan_shards, remove_stale_files,
-                                              run_shards, settings_record)
+from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, plan_shards,
+                                              remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import IMAGE_SOURCES
 from pipeline.params.parser import Params
 
@@ -152,9 +153,10 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
     if not Path(weights).is_file():
         hint = "run `python -m pipeline train_detector`" if cfg.detector == "mini" else "set extract.weights"
         raise FileNotFoundError(f"detector weights not found: {weights} ({hint})")
-    workers = max(1, cfg.workers)
     if device == "cuda":
-        workers = min(workers, torch.cuda.device_count())
+        workers = min(cfg.workers or torch.cuda.device_count(), torch.cuda.device_count())
+    else:  # one torch thread per worker (ExtractSettings.threads): a worker per core uses the machine
+        workers = cfg.workers or len(os.sched_getaffinity(0))
     settings = ExtractSettings(preset=cfg.detector, weights=str(weights), weights_digest=file_digest(weights),
                                device=device, batch_size=cfg.batch_size, conf_th=cfg.conf_th,
                                min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes,
@@ -176,11 +178,13 @@ def targets(params: Params, item: str | None) -> list[str]:
     return names
 
 
-def detector_meta(settings: ExtractSettings, mode: str) -> dict:
-    """The feature directory's ``meta.json`` content (loads the detector to read its dimensions)."""
+def detector_meta(settings: ExtractSettings, mode: str, detector=None) -> dict:
+    """The feature directory's ``meta.json`` content (``detector``: the loaded one, else it is
+    loaded to read its dimensions)."""
     from pipeline.extract.detector.build import load_detector
 
-    detector = load_detector(settings.preset, settings.weights)
+    if detector is None:
+        detector = load_detector(settings.preset, settings.weights)
     return {"feature_dim": detector.feature_dim, "num_classes": detector.num_classes,
             "class_names": ["__background__"] + detector.class_names, "detector": settings.preset,
             "weights_sha256": settings.weights_digest, "mode": mode}
@@ -246,15 +250,16 @@ def write_outputs(params: Params, sel: Selection, settings: ExtractSettings, sum
     return result
 
 
-def extract_set(params: Params, name: str, settings: ExtractSettings, workers: int) -> dict:
+def extract_set(params: Params, name: str, pool: ExtractorPool) -> dict:
     """Write ``data/features/<name>/`` for one image source or given-box set; return the run record."""
     sel = select(params, name)
     out_dir = feature_dir(params, name)
     claim_dir(out_dir, f"extract@{name}")  # stale shards below are pruned: only in a directory of ours
-    jobs = plan_shards(sel.items, out_dir, shard_size=params.extract.shard_size, settings=settings, mode=sel.mode)
+    jobs = plan_shards(sel.items, out_dir, shard_size=params.extract.shard_size, settings=pool.settings, mode=sel.mode)
     remove_stale_files(out_dir, keep=len(jobs))
-    summary = run_shards(jobs, settings, workers=workers, desc=f"extract@{name}")
-    return write_outputs(params, sel, settings, summary, detector_meta(settings, sel.mode), workers=workers)
+    summary = run_shards(jobs, pool, desc=f"extract@{name}")
+    return write_outputs(params, sel, pool.settings, summary, detector_meta(pool.settings, sel.mode, pool.detector),
+                         workers=pool.workers)
 
 
 def run(params: Params, item: str | None = None) -> None:
@@ -269,15 +274,15 @@ def run(params: Params, item: str | None = None) -> None:
     names = targets(params, source)
     if part is not None:
         preflight(*(parts.part_dir(params, name, part) for name in names))
-        settings, workers = make_settings(params)
-        for name in names:
-            parts.extract_part(params, name, part, settings, workers)
+        with ExtractorPool(*make_settings(params)) as pool:
+            for name in names:
+                parts.extract_part(params, name, part, pool)
         return
     preflight(*(feature_dir(params, name) for name in names))
     if params.extract.parts > 1:
         for name in names:
             parts.merge_parts(params, name, params.extract.parts)
         return
-    settings, workers = make_settings(params)
-    for name in names:
-        extract_set(params, name, settings, workers)
+    with ExtractorPool(*make_settings(params)) as pool:  # one pool for the source and its given-box set
+        for name in names:
+            extract_set(params, name, pool)

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from pipeline.common.ownership import claim_dir, remove_owned
 from pipeline.common.runinfo import DONE_SUFFIX, RUN_FILE, RunRecord, atomic_write_json
-from pipeline.extract.detector.runner import (ExtractSettings, RunSummary, ShardJob, finished, plan_shards,
-                                              remove_stale_files, run_shards, settings_record)
+from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, RunSummary, ShardJob, finished,
+                                              plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
 from pipeline.extract.extract import detector_meta, feature_dir, make_settings, select, write_outputs
 from pipeline.params.parser import Params
@@ -101,7 +101,7 @@ def _n_shards(n_items: int, shard_size: int) -> int:
 # ----------------------------------------------------------------------------- one part
 
 
-def extract_part(params: Params, name: str, part: Part, settings: ExtractSettings, workers: int) -> dict:
+def extract_part(params: Params, name: str, part: Part, pool: ExtractorPool) -> dict:
     """Write part ``part`` of feature set ``name`` into its part directory; return its ``part.json``."""
     sel = select(params, name)
     size = params.extract.shard_size
@@ -109,6 +109,7 @@ def extract_part(params: Params, name: str, part: Part, settings: ExtractSetting
     lo, hi = shard_range(n, part)
     out = claim_dir(part_dir(params, name, part), part.stage(name))
     (out / PART_FILE).unlink(missing_ok=True)  # the part is whole again only when this run ends
+    settings = pool.settings
     jobs = plan_shards(sel.items[lo * size:hi * size], out, shard_size=size, settings=settings, mode=sel.mode)
     for job in jobs:  # global shard numbers: the merge takes shard i from whichever part holds it
         job.index += lo
@@ -116,14 +117,14 @@ def extract_part(params: Params, name: str, part: Part, settings: ExtractSetting
     _prune(out, keep={job.path.name for job in jobs})
     record = RunRecord(part.stage(name), params.section_digest("extract"))
     record.inputs.update({f"manifest_{i}": m for i, m in enumerate(sel.used)}, weights=settings.weights)
-    summary = run_shards(jobs, settings, workers=workers, desc=part.stage(name))
+    summary = run_shards(jobs, pool, desc=part.stage(name))
     info = {"name": name, "part": part.k, "parts": part.parts, "shards": [lo, hi], "total_shards": n,
             "images_listed": len(sel.items), "settings": settings_record(settings),
-            "settings_digest": settings.digest(), "meta": detector_meta(settings, sel.mode)}
+            "settings_digest": settings.digest(), "meta": detector_meta(settings, sel.mode, pool.detector)}
     atomic_write_json(out / PART_FILE, info)
     record.counts.update(images=summary.images, regions=summary.regions, shards=summary.shards,
                          shards_skipped=summary.shards_skipped, rejected=len(summary.rejects))
-    record.extra.update(part=info, workers=workers)
+    record.extra.update(part=info, workers=pool.workers)
     record.write(out)
     log.info("%s: shards [%d, %d) of %d: %d images, %d regions, %d rejected (%d shards reused)", part.stage(name),
              lo, hi, n, summary.images, summary.regions, len(summary.rejects), summary.shards_skipped)

@@ -31,7 +31,7 @@ class ExtractConfig:
     weights: Path | None = must_exist(None)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (ignored on CPU)
-    workers: int = bounded(1, 1, 256)
+    workers: int = bounded(0, 0, 256)  # detector processes; 0: one per CPU core (CPU) or per GPU (CUDA)
     # tasks one source's shards are split over (`extract SOURCE:k/K`); > 1: `extract SOURCE` merges them
     parts: int = bounded(1, 1, 4096)
     shard_size: int = bounded(1000, 1, MAX_COUNT)  # images per shard file

@@ -128,20 +128,30 @@ class RegionExtractor:
         """
         if boxes is not None and len(boxes) != len(images):
             raise ValueError(f"given-box mode needs one box array per image: {len(boxes)} for {len(images)} images")
+        results: list[Regions | None] = [None] * len(images)
+        for chunk in self.plan_batches(images):
+            given = None if boxes is None else [np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in chunk]
+            for i, regions in zip(chunk, self.extract_batch([images[i] for i in chunk], given)):
+                results[i] = regions
+        return results  # type: ignore[return-value]
+
+    def plan_batches(self, images: list[np.ndarray]) -> list[list[int]]:
+        """The batches :meth:`extract` runs ``images`` in: lists of indices into ``images``.
+
+        Images of one resized size, in input order, ``batch_size`` at a time. A feature's last bits
+        depend on its batch-mates (the kernels' blocking follows the batch shape), so whoever runs
+        the batches elsewhere (the worker pool of ``runner``) runs exactly these to get the same bytes.
+        """
         groups: dict[tuple[int, int], list[int]] = {}
         for i, img in enumerate(images):
             groups.setdefault(self.input_size(*img.shape[:2]), []).append(i)
-        results: list[Regions | None] = [None] * len(images)
-        for members in groups.values():
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                given = None if boxes is None else [np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in chunk]
-                for i, regions in zip(chunk, self._extract_batch([images[i] for i in chunk], given)):
-                    results[i] = regions
-        return results  # type: ignore[return-value]
+        return [members[start:start + self.batch_size] for members in groups.values()
+                for start in range(0, len(members), self.batch_size)]
 
     @torch.inference_mode()
-    def _extract_batch(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> list[Regions]:
+    def extract_batch(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> list[Regions]:
+        """One forward pass over ``images`` (all of one resized size) -> their regions, in order;
+        ``given``: one [k_i, 4] box array per image (given-box mode) or None (detected mode)."""
         model = self.model
         inputs, scales = zip(*(self.to_input(img) for img in images))
         batch = ImageList.from_tensors(list(inputs), model.backbone.size_divisibility)

@@ -1,7 +1,8 @@
 """Sharded, resumable region extraction over many images, on CPU processes or one process per GPU.
 
 The image list is cut into shards of ``shard_size`` consecutive items. Each shard is decoded
-(bad images become rejects, never exceptions), run through the detector in batches, and written
+(bad images become rejects, never exceptions), run through the detector in batches (by an
+:class:`ExtractorPool`: in this process, or spread over worker processes batch by batch), and written
 atomically as ``shard-%05d.safetensors`` followed by its ``.done`` marker. The marker records a
 digest of the shard's inputs (image ids, paths, file sizes, given boxes) and of the extraction
 settings, plus the shard's rejects; a rerun skips every shard whose marker matches, so a killed
@@ -13,11 +14,13 @@ raising :class:`ExtractionInterrupted`): how tests interrupt a run at a known po
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -143,6 +146,21 @@ def _init_worker(settings: ExtractSettings, gpu_queue=None) -> None:
                                            max_boxes=settings.max_boxes, batch_size=settings.batch_size, amp=amp)
 
 
+def _ready() -> bool:
+    """A no-op job: submitted once per worker at start, so the workers load while the driver plans."""
+    return True
+
+
+def _run_batch(images: list[np.ndarray], given: list[np.ndarray] | None) -> list:
+    """Worker side of :meth:`ExtractorPool.submit`: one planned batch -> its images' regions."""
+    return _WORKER["extractor"].extract_batch(images, given)
+
+
+def _run_shard(job: ShardJob) -> dict:
+    """Worker side of a whole shard (when there are shards for every worker): decode, extract, write."""
+    return process_shard(job, Local(_WORKER["extractor"]))
+
+
 def _decode(item: ImageItem) -> np.ndarray | ImageRejected:
     try:
         return decode_image(item.path)
@@ -150,13 +168,117 @@ def _decode(item: ImageItem) -> np.ndarray | ImageRejected:
         return rej
 
 
-def process_shard(job: ShardJob) -> dict:
-    """Decode, extract and write one shard (+ marker); return the marker's content."""
-    from pipeline.extract.detector.shards import encode_shard
+# ------------------------------------------------------------------------------- driver side
 
-    extractor = _WORKER["extractor"]
-    with ThreadPoolExecutor(_DECODE_THREADS) as pool:
-        decoded = list(pool.map(_decode, job.items))
+
+class Local:
+    """Runs batches right here with ``extractor`` (a :class:`RegionExtractor`)."""
+
+    def __init__(self, extractor) -> None:
+        self.extractor = extractor
+
+    @property
+    def detector(self):
+        return self.extractor.detector
+
+    def submit(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> Future:
+        """Run one planned batch now; the future's result is its images' regions, in order."""
+        done: Future = Future()
+        done.set_result(self.extractor.extract_batch(images, given))
+        return done
+
+
+class ExtractorPool(Local):
+    """Where the detector runs: in this process (``workers`` <= 1), or in ``workers`` spawned
+    processes (one torch thread each on the CPU, one GPU each on CUDA).
+
+    A shard's batches are planned by :meth:`RegionExtractor.plan_batches` wherever it runs, so its
+    bytes are the same for any number of workers. With two or more shards to write per worker,
+    each worker takes whole shards; with fewer (a small source is one shard), the driver decodes
+    each shard and plans its batches and the workers share them, so none idles. Open it once per
+    stage run: the workers load the detector once for all its feature sets.
+    """
+
+    def __init__(self, settings: ExtractSettings, workers: int) -> None:
+        self.settings, self.workers = settings, max(1, workers)
+        self._pool = None
+        self._saved: tuple | None = None
+
+    def __enter__(self) -> "ExtractorPool":
+        import torch
+
+        # in-process, the driver's extractor does the work (and sets torch to what workers use)
+        self._saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                       torch.is_deterministic_algorithms_warn_only_enabled(),
+                       torch.utils.deterministic.fill_uninitialized_memory)
+        if self.workers > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")  # a fresh interpreter: no forked OpenMP pools
+            queue = None
+            if self.settings.device == "cuda":
+                queue = ctx.Manager().Queue()
+                for gpu in range(self.workers):
+                    queue.put(gpu)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self.settings, queue))
+            for _ in range(self.workers):
+                self._pool.submit(_ready)
+        # the driver's own copy plans batches and names the classes; with workers it stays on the CPU
+        local = self.settings if self.workers <= 1 else dataclasses.replace(self.settings, device="cpu")
+        _init_worker(local)
+        super().__init__(_WORKER.pop("extractor"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        assert self._saved is not None
+        torch.set_num_threads(self._saved[0])
+        torch.use_deterministic_algorithms(self._saved[1], warn_only=self._saved[2])
+        torch.utils.deterministic.fill_uninitialized_memory = self._saved[3]
+
+    def submit(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> Future:
+        """Run one planned batch; the future's result is its images' regions, in order."""
+        if self._pool is None:
+            return super().submit(images, given)
+        return self._pool.submit(_run_batch, images, given)
+
+    def results(self, jobs: list[ShardJob]) -> Iterator[tuple[ShardJob, dict]]:
+        """Write the shards of ``jobs``; yield (job, marker) as each is written."""
+        if self._pool is None:
+            yield from _shards_by_batch(jobs, self, ahead=0)
+            return
+        if len(jobs) < 2 * self.workers:  # whole shards would leave workers idle at the last one
+            yield from _shards_by_batch(jobs, self, ahead=1)
+            return
+        futures = {self._pool.submit(_run_shard, job): job for job in jobs}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+@dataclass
+class _InFlight:
+    """A shard whose batches are submitted: its kept images, rejects and one future per batch."""
+
+    job: ShardJob
+    kept: list[ImageItem]
+    rejects: list[dict[str, str]]
+    batches: list[list[int]]
+    futures: list[Future]
+
+
+def _submit_shard(job: ShardJob, pool: Local) -> _InFlight:
+    """Decode ``job``'s images (bad ones become rejects), plan their batches and submit them."""
+    with ThreadPoolExecutor(_DECODE_THREADS) as threads:
+        decoded = list(threads.map(_decode, job.items))
     kept, images, rejects = [], [], []
     for item, result in zip(job.items, decoded):
         if isinstance(result, ImageRejected):
@@ -166,19 +288,34 @@ def process_shard(job: ShardJob) -> dict:
             kept.append(item)
             images.append(result)
     given = [np.asarray(it.boxes or (), dtype=np.float32).reshape(-1, 4) for it in kept] if job.mode == "given" else None
-    regions = extractor.extract(images, given)
-    det = extractor.detector
-    data = encode_shard([it.image_id for it in kept], regions, feature_dim=det.feature_dim,
+    batches = pool.extractor.plan_batches(images)
+    futures = [pool.submit([images[i] for i in chunk], None if given is None else [given[i] for i in chunk])
+               for chunk in batches]
+    return _InFlight(job, kept, rejects, batches, futures)
+
+
+def _write_shard(shard: _InFlight, pool: Local) -> dict:
+    """Wait for a submitted shard's batches, write the shard and its marker; return the marker."""
+    from pipeline.extract.detector.shards import encode_shard
+
+    regions: list = [None] * len(shard.kept)
+    for chunk, future in zip(shard.batches, shard.futures):
+        for i, r in zip(chunk, future.result()):
+            regions[i] = r
+    job, det = shard.job, pool.detector
+    data = encode_shard([it.image_id for it in shard.kept], regions, feature_dim=det.feature_dim,
                         num_classes=det.num_classes,
-                        box_ids=[list(it.box_ids or ()) for it in kept] if job.mode == "given" else None)
+                        box_ids=[list(it.box_ids or ()) for it in shard.kept] if job.mode == "given" else None)
     atomic_write_bytes(job.path, data)
-    marker = {"inputs_digest": job.inputs_digest, "images": len(kept), "regions": int(sum(len(r.boxes) for r in regions)),
-              "rejects": rejects}
+    marker = {"inputs_digest": job.inputs_digest, "images": len(shard.kept),
+              "regions": int(sum(len(r.boxes) for r in regions)), "rejects": shard.rejects}
     mark_done(job.path, marker)
     return marker
 
 
-# ------------------------------------------------------------------------------- driver side
+def process_shard(job: ShardJob, pool: Local) -> dict:
+    """Decode, extract and write one shard (+ marker); return the marker's content."""
+    return _write_shard(_submit_shard(job, pool), pool)
 
 
 def _stop_after() -> int | None:
@@ -186,45 +323,22 @@ def _stop_after() -> int | None:
     return int(value) if value else None
 
 
-def _results(jobs: list[ShardJob], settings: ExtractSettings, workers: int) -> Iterator[tuple[ShardJob, dict]]:
-    """Run ``jobs`` in-process (one worker) or in a spawn pool; yield (job, marker) as they finish."""
-    if workers <= 1 or len(jobs) <= 1:
-        import torch
-
-        saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                 torch.is_deterministic_algorithms_warn_only_enabled(),
-                 torch.utils.deterministic.fill_uninitialized_memory)
-        try:  # in-process: leave the caller's torch settings as they were
-            _init_worker(settings)
-            for job in jobs:
-                yield job, process_shard(job)
-        finally:
-            _WORKER.clear()
-            torch.set_num_threads(saved[0])
-            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
-            torch.utils.deterministic.fill_uninitialized_memory = saved[3]
-        return
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = None
-    if settings.device == "cuda":
-        queue = ctx.Manager().Queue()
-        for gpu in range(workers):
-            queue.put(gpu)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(settings, queue)) as pool:
-        futures = {pool.submit(process_shard, job): job for job in jobs}
-        from concurrent.futures import as_completed
-
-        try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+def _shards_by_batch(jobs: list[ShardJob], pool: Local, *, ahead: int) -> Iterator[tuple[ShardJob, dict]]:
+    """Yield (job, marker) per shard, in order, the driver decoding and ``pool`` running batches.
+    ``ahead`` = 1: the next shard is decoded and submitted before the current one is written, so
+    workers do not wait while the driver decodes (0 when the driver itself runs the batches)."""
+    in_flight: deque[_InFlight] = deque()
+    for job in jobs:
+        in_flight.append(_submit_shard(job, pool))
+        if len(in_flight) > ahead:
+            done = in_flight.popleft()
+            yield done.job, _write_shard(done, pool)
+    while in_flight:
+        done = in_flight.popleft()
+        yield done.job, _write_shard(done, pool)
 
 
-def run_shards(jobs: list[ShardJob], settings: ExtractSettings, *, workers: int, desc: str) -> RunSummary:
+def run_shards(jobs: list[ShardJob], pool: ExtractorPool, *, desc: str) -> RunSummary:
     """Write every unfinished shard of ``jobs``; return totals over all shards (skipped included).
 
     Raises ExtractionInterrupted after ``$PIPELINE_EXTRACT_STOP_AFTER_SHARDS`` written shards.
@@ -244,7 +358,7 @@ def run_shards(jobs: list[ShardJob], settings: ExtractSettings, *, workers: int,
     stop_after = _stop_after()
     written = 0
     with track(total=len(jobs), initial=len(markers), desc=desc, unit="shard") as bar:
-        for job, marker in _results(pending, settings, workers):
+        for job, marker in pool.results(pending):
             markers[job.index] = marker
             written += 1
             bar.update(1)

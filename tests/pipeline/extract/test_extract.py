@@ -18,7 +18,7 @@ from helpers.scene_kit import DECODABLE, REJECTED
 
 from pipeline.extract.detector.runner import STOP_ENV, ExtractionInterrupted
 from pipeline.extract.detector.shards import read_shard
-from pipeline.extract.extract import detected_items, run
+from pipeline.extract.extract import GIVEN_BOX_SETS, detected_items, run
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
@@ -164,4 +164,28 @@ def test_two_worker_processes_write_the_same_bytes(world, coco_run, tmp_path):
     data = tmp_path / "data"
     copy_manifests(world, data)
     run(params_for(data, world["weights"], "extract.workers=2"), "coco")
-    assert feature_files(data / "features" / "coco") == feature_files(coco_run / "coco")
+    for name in ("coco", "coco_gt"):  # one pool serves the source and its given-box set
+        assert same_features(data / "features" / name, coco_run / name)
+
+
+@pytest.mark.slow
+def test_workers_share_the_batches_of_one_shard(world, tmp_path):
+    """One shard of several batches: the workers split its batches, and the bytes are those of
+    one process (the driver plans the batches, so an image keeps its batch-mates)."""
+    shards = {}
+    for workers in (1, 2):
+        data = tmp_path / f"w{workers}"
+        copy_manifests(world, data)
+        run(params_for(data, world["weights"], "extract.shard_size=1000", f"extract.workers={workers}"), "coco")
+        shards[workers] = data / "features"
+        record = json.loads((data / "features" / "coco" / "_run.json").read_text())
+        assert record["counts"]["shards"] == 1 and record["workers"] == workers
+    assert all(same_features(shards[2] / name, shards[1] / name) for name in ("coco", "coco_gt"))
+
+
+def same_features(a, b) -> bool:
+    """Equal feature directories, but for the rejects of a given-box set (their detail names the
+    manifest, so the data directory)."""
+    drop = {"rejects.parquet"} if a.name in GIVEN_BOX_SETS.values() else set()
+    files_a, files_b = feature_files(a), feature_files(b)
+    return {k: v for k, v in files_a.items() if k not in drop} == {k: v for k, v in files_b.items() if k not in drop}
