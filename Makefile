@@ -13,8 +13,6 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
-# idle OpenMP threads sleep instead of spinning: on 2 shared cores spinning costs ~10x CPU time
-export OMP_WAIT_POLICY := PASSIVE
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
@@ -59,6 +57,9 @@ ablations: $(STAMP)
 # `test-full` adds the default-params run (the demo, marker `demo`); `test-fast` leaves out the
 # end-to-end and Airflow runs; `test-unit` also every stage run and training (marker `stage`).
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+# Two pytest workers share the cores, so idle OpenMP threads sleep at once instead of spinning for
+# the other's core (a stage alone on the machine spins briefly: pipeline/common/openmp.py)
+test test-full test-fast test-unit: export OMP_WAIT_POLICY := PASSIVE
 
 # tests/pipeline/ingest/test_download.py runs the real img2dataset
 test: $(STAMP) $(DL_STAMP)

@@ -33,7 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as pipeline.extract.detector sets it (before torch loads)
+from pipeline.common.openmp import set_stage_wait_policy  # noqa: E402  isort: skip
+
+set_stage_wait_policy()  # as a stage process waits (before torch loads)
 
 
 def render_images(n: int, height: int, width: int, seed: int = 0):

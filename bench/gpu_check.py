@@ -43,7 +43,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see pipeline.extract.detector)
+from pipeline.common.openmp import set_stage_wait_policy  # noqa: E402  isort: skip
+
+set_stage_wait_policy()  # as a stage process waits (before torch loads)
 
 PRETRAIN_CYCLE = ("mlm", "mrfr", "mrc_kl", "itm")  # bench/pretrain.py's default task cycle
 GOALS = {"extraction_images_per_s": 20.0, "pretrain_mfu": 0.40}

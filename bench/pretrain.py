@@ -57,7 +57,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import torch
+from pipeline.common.openmp import set_stage_wait_policy  # isort: skip
+
+set_stage_wait_policy()  # the OpenMP wait of a stage process (before torch loads), so (c) is the stage's loop
+import torch  # noqa: E402  isort: skip
 
 from model.config import UniterConfig
 from model.pretraining import UniterForPretraining

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from pipeline.common.openmp import set_stage_wait_policy
 from pipeline.common.runinfo import stage_clock
 from pipeline.stages import STAGES, TOOLS, resolve
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    set_stage_wait_policy()  # before the stage's imports load torch (and libgomp)
     parser = build_parser()
     if not argv:
         parser.print_help()

@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-# pipeline.extract.detector before torch: importing it sets OpenMP's wait policy, read when torch loads
-from pipeline.extract.detector.build import Detector, build_model  # isort: skip
-import torch  # isort: skip
+import torch
 
 from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.extract.detector.build import Detector, build_model
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
 from pipeline.ingest.image_io import ImageRejected, decode_image
 from pipeline.params.parser import Params, to_dict

@@ -12,12 +12,5 @@
 
 Submodules import detectron2 and torch; import them where needed, not from here.
 
-Importing this package sets ``OMP_WAIT_POLICY=PASSIVE`` (unless already set): idle OpenMP threads
-then sleep instead of spinning. On a shared 2-core machine spinning threads made a training
-iteration cost 7 CPU-s instead of 0.65. It only takes effect if torch is not loaded yet, so stage
-modules import this package before torch.
+How torch's OpenMP threads wait is set by the stage entry (:mod:`pipeline.common.openmp`).
 """
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
