@@ -192,7 +192,7 @@ class PretrainConfig:
     # held-out batches per task behind eval.json (before / after this stage); 0: every val example once.
     # The val curves use val_batches; the margins the demo checks need the whole val set's precision
     eval_batches: int = bounded(0, 0, MAX_COUNT)
-    checkpoint_every: int = bounded(50, 0, MAX_STEPS)  # 0: only at the end
+    checkpoint_every: int = bounded(100, 0, MAX_STEPS)  # 0: only at the end
     keep_checkpoints: int = bounded(2, 1, 1000)
     world_size: int = bounded(1, 1, 4096)  # ranks on this node (GPUs, or CPU processes with gloo)
     hostfile: Path | None = must_exist(None)  # several nodes: `host slots=N` lines (deepspeed launcher)
