@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from model.config import UniterConfig
+from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
@@ -236,6 +237,7 @@ def _train_start_child(params: Params, name: str, init: str, threads: int, preci
     with process_group("cpu") as dist:
         train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
                   seed=finetune_seed(params))
+    exit_now(0)  # the result is on disk: skip finalizing torch & co., which the parent would wait for
 
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
