@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -146,13 +146,22 @@ def _init_worker(settings: ExtractSettings, gpu_queue=None) -> None:
                                            max_boxes=settings.max_boxes, batch_size=settings.batch_size, amp=amp)
 
 
+def _init_spawned_worker(settings: ExtractSettings, gpu_queue=None) -> None:
+    """:func:`_init_worker` in a pool's own process, which then ends without the interpreter's
+    teardown (~1.5 s with torch and detectron2 loaded, which the pool's shutdown waits for)."""
+    from pipeline.common.exiting import end_at_interpreter_exit
+
+    _init_worker(settings, gpu_queue)
+    end_at_interpreter_exit()
+
+
 def _ready() -> bool:
     """A no-op job: submitted once per worker at start, so the workers load while the driver plans."""
     return True
 
 
 def _run_batch(images: list[np.ndarray], given: list[np.ndarray] | None) -> list:
-    """Worker side of :meth:`ExtractorPool.submit`: one planned batch -> its images' regions."""
+    """Worker side of :meth:`ExtractorPool.run_batches`: one planned batch -> its images' regions."""
     return _WORKER["extractor"].extract_batch(images, given)
 
 
@@ -172,7 +181,7 @@ def _decode(item: ImageItem) -> np.ndarray | ImageRejected:
 
 
 class Local:
-    """Runs batches right here with ``extractor`` (a :class:`RegionExtractor`)."""
+    """Runs every batch right here, with ``extractor`` (a :class:`RegionExtractor`)."""
 
     def __init__(self, extractor) -> None:
         self.extractor = extractor
@@ -181,51 +190,56 @@ class Local:
     def detector(self):
         return self.extractor.detector
 
-    def submit(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> Future:
-        """Run one planned batch now; the future's result is its images' regions, in order."""
-        done: Future = Future()
-        done.set_result(self.extractor.extract_batch(images, given))
-        return done
+    def run_batches(self, batches: list[tuple[list[np.ndarray], list[np.ndarray] | None]]) -> list[list]:
+        """(images, given boxes or None) per planned batch -> each batch's regions, in order."""
+        return [self.extractor.extract_batch(images, given) for images, given in batches]
+
+    def results(self, jobs: list[ShardJob]) -> Iterator[tuple[ShardJob, dict]]:
+        """Write the shards of ``jobs``; yield (job, marker) as each is written."""
+        for job in jobs:
+            yield job, process_shard(job, self)
 
 
 class ExtractorPool(Local):
-    """Where the detector runs: in this process (``workers`` <= 1), or in ``workers`` spawned
-    processes (one torch thread each on the CPU, one GPU each on CUDA).
+    """Where the detector runs: in this process alone (``workers`` <= 1) or with spawned helpers:
+    on the CPU this process and ``workers`` - 1 others, one torch thread each; on CUDA one spawned
+    process per GPU (this process keeps a CPU copy for planning and the class names).
 
     A shard's batches are planned by :meth:`RegionExtractor.plan_batches` wherever it runs, so its
     bytes are the same for any number of workers. With two or more shards to write per worker,
-    each worker takes whole shards; with fewer (a small source is one shard), the driver decodes
+    each worker takes whole shards; with fewer (a small source is one shard), this process decodes
     each shard and plans its batches and the workers share them, so none idles. Open it once per
     stage run: the workers load the detector once for all its feature sets.
     """
 
     def __init__(self, settings: ExtractSettings, workers: int) -> None:
         self.settings, self.workers = settings, max(1, workers)
+        self._computes_here = settings.device == "cpu"  # a CUDA driver's copy is on the CPU: other bits
+        self._spawned = 0 if self.workers == 1 else self.workers - self._computes_here
         self._pool = None
         self._saved: tuple | None = None
 
     def __enter__(self) -> "ExtractorPool":
         import torch
 
-        # in-process, the driver's extractor does the work (and sets torch to what workers use)
+        # the driver's own extractor sets torch as the workers' do; restored on exit
         self._saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
                        torch.is_deterministic_algorithms_warn_only_enabled(),
                        torch.utils.deterministic.fill_uninitialized_memory)
-        if self.workers > 1:
+        if self._spawned:  # first, so that the helpers load while this process does
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn")  # a fresh interpreter: no forked OpenMP pools
             queue = None
             if self.settings.device == "cuda":
                 queue = ctx.Manager().Queue()
-                for gpu in range(self.workers):
+                for gpu in range(self._spawned):
                     queue.put(gpu)
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+            self._pool = ProcessPoolExecutor(self._spawned, mp_context=ctx, initializer=_init_spawned_worker,
                                              initargs=(self.settings, queue))
-            for _ in range(self.workers):
+            for _ in range(self._spawned):
                 self._pool.submit(_ready)
-        # the driver's own copy plans batches and names the classes; with workers it stays on the CPU
-        local = self.settings if self.workers <= 1 else dataclasses.replace(self.settings, device="cpu")
+        local = self.settings if self._computes_here else dataclasses.replace(self.settings, device="cpu")
         _init_worker(local)
         super().__init__(_WORKER.pop("extractor"))
         return self
@@ -241,42 +255,50 @@ class ExtractorPool(Local):
         torch.use_deterministic_algorithms(self._saved[1], warn_only=self._saved[2])
         torch.utils.deterministic.fill_uninitialized_memory = self._saved[3]
 
-    def submit(self, images: list[np.ndarray], given: list[np.ndarray] | None) -> Future:
-        """Run one planned batch; the future's result is its images' regions, in order."""
+    def run_batches(self, batches: list[tuple[list[np.ndarray], list[np.ndarray] | None]]) -> list[list]:
         if self._pool is None:
-            return super().submit(images, given)
-        return self._pool.submit(_run_batch, images, given)
+            return super().run_batches(batches)
+        out: list[list] = [[] for _ in batches]
+        for i, regions in self._share(batches, _run_batch, self.extractor.extract_batch):
+            out[i] = regions
+        return out
 
     def results(self, jobs: list[ShardJob]) -> Iterator[tuple[ShardJob, dict]]:
-        """Write the shards of ``jobs``; yield (job, marker) as each is written."""
-        if self._pool is None:
-            yield from _shards_by_batch(jobs, self, ahead=0)
+        if self._pool is None or len(jobs) < 2 * self.workers:  # whole shards: the last would leave workers idle
+            yield from super().results(jobs)
             return
-        if len(jobs) < 2 * self.workers:  # whole shards would leave workers idle at the last one
-            yield from _shards_by_batch(jobs, self, ahead=1)
-            return
-        futures = {self._pool.submit(_run_shard, job): job for job in jobs}
+        here = Local(self.extractor)
+        for i, marker in self._share([(job,) for job in jobs], _run_shard, lambda job: process_shard(job, here)):
+            yield jobs[i], marker
+
+    def _share(self, jobs: list[tuple], remote, local) -> Iterator[tuple[int, Any]]:
+        """Run ``remote(*job)`` on the helpers and, on the CPU, ``local(*job)`` here too, each job
+        once; yield (index, result) as they finish. Two jobs per helper are queued, so a helper
+        never waits while this process runs one of its own (taken from the back of the list)."""
+        assert self._pool is not None
+        pending, running = deque(range(len(jobs))), {}
         try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
+            while pending or running:
+                while pending and len(running) < 2 * self._spawned:
+                    i = pending.popleft()
+                    running[self._pool.submit(remote, *jobs[i])] = i
+                if pending and self._computes_here:
+                    i = pending.pop()
+                    yield i, local(*jobs[i])
+                elif running:
+                    wait(running, return_when=FIRST_COMPLETED)
+                for future in [f for f in running if f.done()]:
+                    yield running.pop(future), future.result()
         finally:
-            for future in futures:
+            for future in running:
                 future.cancel()
 
 
-@dataclass
-class _InFlight:
-    """A shard whose batches are submitted: its kept images, rejects and one future per batch."""
+def process_shard(job: ShardJob, runner: Local) -> dict:
+    """Decode ``job``'s images (bad ones become rejects), run their planned batches with ``runner``,
+    write the shard and its marker; return the marker's content."""
+    from pipeline.extract.detector.shards import encode_shard
 
-    job: ShardJob
-    kept: list[ImageItem]
-    rejects: list[dict[str, str]]
-    batches: list[list[int]]
-    futures: list[Future]
-
-
-def _submit_shard(job: ShardJob, pool: Local) -> _InFlight:
-    """Decode ``job``'s images (bad ones become rejects), plan their batches and submit them."""
     with ThreadPoolExecutor(_DECODE_THREADS) as threads:
         decoded = list(threads.map(_decode, job.items))
     kept, images, rejects = [], [], []
@@ -288,34 +310,21 @@ def _submit_shard(job: ShardJob, pool: Local) -> _InFlight:
             kept.append(item)
             images.append(result)
     given = [np.asarray(it.boxes or (), dtype=np.float32).reshape(-1, 4) for it in kept] if job.mode == "given" else None
-    batches = pool.extractor.plan_batches(images)
-    futures = [pool.submit([images[i] for i in chunk], None if given is None else [given[i] for i in chunk])
-               for chunk in batches]
-    return _InFlight(job, kept, rejects, batches, futures)
-
-
-def _write_shard(shard: _InFlight, pool: Local) -> dict:
-    """Wait for a submitted shard's batches, write the shard and its marker; return the marker."""
-    from pipeline.extract.detector.shards import encode_shard
-
-    regions: list = [None] * len(shard.kept)
-    for chunk, future in zip(shard.batches, shard.futures):
-        for i, r in zip(chunk, future.result()):
+    plan = runner.extractor.plan_batches(images)
+    batches = [([images[i] for i in chunk], None if given is None else [given[i] for i in chunk]) for chunk in plan]
+    regions: list = [None] * len(kept)
+    for chunk, batch_regions in zip(plan, runner.run_batches(batches)):
+        for i, r in zip(chunk, batch_regions):
             regions[i] = r
-    job, det = shard.job, pool.detector
-    data = encode_shard([it.image_id for it in shard.kept], regions, feature_dim=det.feature_dim,
+    det = runner.detector
+    data = encode_shard([it.image_id for it in kept], regions, feature_dim=det.feature_dim,
                         num_classes=det.num_classes,
-                        box_ids=[list(it.box_ids or ()) for it in shard.kept] if job.mode == "given" else None)
+                        box_ids=[list(it.box_ids or ()) for it in kept] if job.mode == "given" else None)
     atomic_write_bytes(job.path, data)
-    marker = {"inputs_digest": job.inputs_digest, "images": len(shard.kept),
-              "regions": int(sum(len(r.boxes) for r in regions)), "rejects": shard.rejects}
+    marker = {"inputs_digest": job.inputs_digest, "images": len(kept),
+              "regions": int(sum(len(r.boxes) for r in regions)), "rejects": rejects}
     mark_done(job.path, marker)
     return marker
-
-
-def process_shard(job: ShardJob, pool: Local) -> dict:
-    """Decode, extract and write one shard (+ marker); return the marker's content."""
-    return _write_shard(_submit_shard(job, pool), pool)
 
 
 def _stop_after() -> int | None:
@@ -323,22 +332,7 @@ def _stop_after() -> int | None:
     return int(value) if value else None
 
 
-def _shards_by_batch(jobs: list[ShardJob], pool: Local, *, ahead: int) -> Iterator[tuple[ShardJob, dict]]:
-    """Yield (job, marker) per shard, in order, the driver decoding and ``pool`` running batches.
-    ``ahead`` = 1: the next shard is decoded and submitted before the current one is written, so
-    workers do not wait while the driver decodes (0 when the driver itself runs the batches)."""
-    in_flight: deque[_InFlight] = deque()
-    for job in jobs:
-        in_flight.append(_submit_shard(job, pool))
-        if len(in_flight) > ahead:
-            done = in_flight.popleft()
-            yield done.job, _write_shard(done, pool)
-    while in_flight:
-        done = in_flight.popleft()
-        yield done.job, _write_shard(done, pool)
-
-
-def run_shards(jobs: list[ShardJob], pool: ExtractorPool, *, desc: str) -> RunSummary:
+def run_shards(jobs: list[ShardJob], pool: Local, *, desc: str) -> RunSummary:
     """Write every unfinished shard of ``jobs``; return totals over all shards (skipped included).
 
     Raises ExtractionInterrupted after ``$PIPELINE_EXTRACT_STOP_AFTER_SHARDS`` written shards.
