@@ -22,11 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "model")
 # Plumbing every stage imports that does not change the bytes a stage writes: the params parser
 # (its values are deps key by key), the stage registry and CLI, run records (only `_run.json`) and
-# the ownership marker (it says which stage wrote a directory, never what the stage computed) and
-# progress display (bars or log lines).
+# the ownership marker (it says which stage wrote a directory, never what the stage computed),
+# progress display (bars or log lines) and how a process ends once its outputs are closed
+# (os._exit instead of the interpreter's teardown).
 PLUMBING = {
     "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/params/parser.py", "pipeline/stages.py",
-    "pipeline/common/runinfo.py", "pipeline/common/ownership.py", "pipeline/common/progress.py", "model/__init__.py",
+    "pipeline/common/runinfo.py", "pipeline/common/ownership.py", "pipeline/common/progress.py",
+    "pipeline/common/exiting.py", "model/__init__.py",
 }
 PLUMBING_DIRS = ("pipeline/params/",)
 
