@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from model.weights_file import UnsafeCheckpointError
-    from pipeline.ingest.download import DownloadError
+    from pipeline.ingest.errors import DownloadError
     from pipeline.params.pretrain import PRETRAIN_OUTPUTS
     from pipeline.common.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
     from pipeline.common.ownership import ForeignDirectoryError

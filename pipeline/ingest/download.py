@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.common.runinfo import RunRecord
+from pipeline.ingest.errors import DownloadError
 from pipeline.ingest.sources import load_reader
 from pipeline.ingest.sources.records import ReadContext, Row
 from pipeline.ingest.sources.web_images import SHARD_RE
@@ -45,10 +46,6 @@ DATASETS = ("cc", "sbu")
 META_DIR = "_download"  # the stage's own files: a folder, img2dataset reads the top-level *.json as shard stats
 URL_LIST = f"{META_DIR}/url_list.parquet"
 RUN_FILE = f"{META_DIR}/_run.json"
-
-
-class DownloadError(RuntimeError):
-    """The download cannot start or did not finish; the message says what to do."""
 
 
 def url_list(params, dataset: str) -> pa.Table:
