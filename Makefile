@@ -56,7 +56,8 @@ ablations: $(STAMP)
 # threaded process start-up, so the Airflow runs and the unit tests fill the second core.
 # `test-full` adds the default-params run (the demo, marker `demo`); `test-fast` leaves out the
 # end-to-end and Airflow runs; `test-unit` also every stage run and training (marker `stage`).
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+# --durations: every run (CI's too) ends with its slowest tests, where the suite's time goes
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 # Two pytest workers share the cores, so idle OpenMP threads sleep at once instead of spinning for
 # the other's core (a stage alone on the machine spins briefly: pipeline/common/openmp.py)
 test test-full test-fast test-unit: export OMP_WAIT_POLICY := PASSIVE
