@@ -84,9 +84,15 @@ gpu-check: $(STAMP)
 
 # Fine-tuning spread over seeds (docs/experiments.md): one `dvc exp run` per seed that changes only
 # finetune.seed (same data, same pretrained model: only the finetune@* stages rerun), then the table.
+# `dvc exp run` leaves its experiment applied (params.yaml's seed, data/, dvc.lock): afterwards, or
+# when a run fails, params.yaml and dvc.lock are put back as they were and data/ checked out to
+# match, so the workspace keeps the run the seeds were measured against.
 SEEDS ?= 1 2 3
 seeds: $(STAMP)
-	set -e; for s in $(SEEDS); do $(BIN)/dvc exp run -S finetune.seed=$$s --name ft-seed$$s; done
+	@test -f dvc.lock || { echo "make seeds: no dvc.lock here; run make demo first (the seeds fine-tune its pretrained model)" >&2; exit 2; }
+	set -e; keep=$$(mktemp -d); cp params.yaml dvc.lock "$$keep"/; \
+	trap 'cp "$$keep"/params.yaml "$$keep"/dvc.lock . && $(BIN)/dvc checkout -q; rm -r "$$keep"' EXIT; \
+	for s in $(SEEDS); do $(BIN)/dvc exp run -S finetune.seed=$$s --name ft-seed$$s; done
 	$(BIN)/python -m pipeline report spread --exps $(foreach s,$(SEEDS),ft-seed$(s)) --md data/reports/spread.md
 
 clean-venv:
