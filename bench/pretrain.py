@@ -17,8 +17,9 @@ model (params.yaml ``model:``, same initial weights) and the same batches:
 - (c) ``loop``:   the stage's ``pipeline.training.loop.train()`` with real ``BatchStream``s over the
                   LMDB DBs (``pipeline.pretrain.inputs.train_streams``), a real dvclive
                   ``MetricsLogger``, a ``Checkpointer`` and held-out validation, both once per
-                  round by default (outside (c)'s time either way); timed by ``LoopResult.timings_s["train"]`` (steps:
-                  data loading, collation, host->device, forward/backward/step, running means);
+                  round by default (outside (c)'s time either way); timed by
+                  ``LoopResult.timings_s["train"]`` (steps: data loading, collation, host->device,
+                  forward/backward/step, running means);
 - ``loop+log``:   the wall time of the same ``train()`` call minus its validation and checkpoint
                   time: (c) plus the log lines (means.reduce, dvclive) and the loop's bookkeeping.
 
