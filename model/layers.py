@@ -8,7 +8,7 @@ from torch import nn
 
 from model.config import UniterConfig
 
-__all__ = ["Encoder", "Pooler", "SelfAttention", "TransformerLayer", "init_bert_weights"]
+__all__ = ["Encoder", "Pooler", "SelfAttention", "TransformerLayer", "init_bert_weights", "set_dropout"]
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:
@@ -25,6 +25,18 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+def set_dropout(module: nn.Module, p: float | None) -> None:
+    """Set every dropout probability inside ``module`` (each ``nn.Dropout`` and each attention's
+    ``dropout_p``) to ``p``; ``None`` puts back the values they had before the first call (the
+    model config's). For a phase of training with other dropout; weights and state dict untouched."""
+    for m in module.modules():
+        name = "p" if isinstance(m, nn.Dropout) else "dropout_p" if isinstance(m, SelfAttention) else None
+        if name is None:
+            continue
+        configured = m.__dict__.setdefault("_configured_dropout", getattr(m, name))
+        setattr(m, name, configured if p is None else float(p))
 
 
 class SelfAttention(nn.Module):

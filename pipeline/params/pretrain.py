@@ -173,6 +173,8 @@ class PretrainConfig:
     # only tasks the mix has on: the phase orders the mix's tasks and never adds one
     first_phase_steps: int = bounded(recipe_default("pretrain.first_phase_steps"), 0, MAX_STEPS)
     first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
+    # dropout (hidden and attention) during the first phase; None: the model's (model.dropout) throughout
+    first_phase_dropout: float | None = bounded(None, 0, 1, hi_open=True)
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)
     itm_neg_prob: float = bounded(0.5, 0, 1)

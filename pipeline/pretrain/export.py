@@ -72,8 +72,8 @@ def _eval_report(params: Params, plan: StagePlan, run: Trained, held_out: Mappin
         "recipe": cfg.recipe, "recipe_overrides": recipe_departures(params),
         "dataset_ratio": dict(sorted(plan.dataset_ratio.items())) if plan.dataset_ratio else "size",
         "precision": resolve_precision(cfg.precision, run.engine.device),
-        "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items()))}
-        if plan.first_phase_steps else None,
+        "first_phase": {"steps": plan.first_phase_steps, "mix_ratio": dict(sorted(plan.first_phase_mix.items())),
+                        "dropout": cfg.first_phase_dropout} if plan.first_phase_steps else None,
         "held_out": held_out,
         "no_pretraining": _by_task(run.baseline, "val"), "pretrained": _by_task(run.final, "val"),
         "pretrained_text_only": _by_task(run.text_only, "val_text_only"),

@@ -119,6 +119,7 @@ def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]
                        weight_decay=cfg.optim.weight_decay, zero_stage=cfg.zero_stage,
                        keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
                        checkpoint_every=cfg.checkpoint_every, grad_accum=cfg.optim.grad_accum,
+                       first_phase_dropout=cfg.first_phase_dropout if plan.first_phase_steps else None,
                        deepspeed=cfg.deepspeed)
 
 

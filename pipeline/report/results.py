@@ -125,7 +125,10 @@ def _tasks(mix: Mapping[str, float] | None) -> str:
 
 
 def _first_phase(first: Mapping[str, Any] | None) -> str:
-    return f" (steps 1-{first['steps']}: {_tasks(first['mix_ratio'])})" if first else ""
+    if not first:
+        return ""
+    dropout = f", dropout {first['dropout']:g}" if first.get("dropout") is not None else ""
+    return f" (steps 1-{first['steps']}: {_tasks(first['mix_ratio'])}{dropout})"
 
 
 def _fmt(value: Any, signed: bool = False) -> str:

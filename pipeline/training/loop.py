@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from model.layers import set_dropout
 from pipeline.common.progress import track
 from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
 from pipeline.training.engine import Precision, cast_batch, current_lr, fill_missing_grads
@@ -35,6 +36,9 @@ class LoopSettings:
     device: torch.device
     precision: Precision
     desc: str = "pretrain"
+    # dropout (hidden and attention) during the schedule's first phase (steps 1..first_phase_steps);
+    # None: the model's own throughout
+    first_phase_dropout: float | None = None
 
 
 @dataclass
@@ -121,6 +125,9 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
         task = stream_task(stream)
         task_digest = chain_task(task_digest, stream)
         lr = current_lr(engine)
+        if s.first_phase_dropout is not None:
+            # by step number, so a run resumed inside or after the phase gets the same dropout
+            set_dropout(engine.module, s.first_phase_dropout if step <= schedule.first_phase_steps else None)
         for _ in range(s.grad_accum):  # every micro batch from the step's stream, as UNITER's MetaLoader
             batch = streams[stream].next_batch()
             interval_tokens += batch_units(batch)

@@ -48,6 +48,7 @@ class RunSettings:
     val_every: int  # 0: only at the end
     checkpoint_every: int  # 0: only at the end
     grad_accum: int = 1
+    first_phase_dropout: float | None = None  # dropout in the schedule's first phase; None: the model's
     deepspeed: Mapping[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
 
 
@@ -90,7 +91,8 @@ class Trainer:
                          val_batches=val_batches, dist=self.dist, resume_step=self.resume_step,
                          settings=LoopSettings(total_steps=s.steps, grad_accum=s.grad_accum, log_every=s.log_every,
                                                val_every=s.val_every, checkpoint_every=s.checkpoint_every,
-                                               device=self.device, precision=self.precision, desc=s.desc))
+                                               device=self.device, precision=self.precision, desc=s.desc,
+                                               first_phase_dropout=s.first_phase_dropout))
         finally:
             logger.close()
 

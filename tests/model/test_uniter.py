@@ -236,3 +236,29 @@ def test_load_encoder_state_roundtrip_with_grown_types():
     assert types.shape[0] == 3 and torch.equal(types[:2], src.embeddings.token_type_embeddings.weight)
     with pytest.raises(ValueError, match="no key starts with"):
         load_encoder_state(holder, {"encoder.x": torch.zeros(1)})
+
+
+def test_set_dropout_switches_every_dropout_and_puts_the_config_back():
+    from model.layers import SelfAttention, set_dropout
+
+    torch.manual_seed(0)
+    model = UniterModel(UniterConfig.from_preset("tiny"), img_dim=12).train()
+    ids, mask = torch.randint(1000, 2000, (2, 5)), torch.ones(2, 5, dtype=torch.bool)
+    feat, pos, img_mask = torch.randn(2, 3, 12), torch.rand(2, 3, 7), torch.ones(2, 3, dtype=torch.bool)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def probabilities() -> set[float]:
+        return {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} | \
+               {m.dropout_p for m in model.modules() if isinstance(m, SelfAttention)}
+
+    assert probabilities() == {0.1}
+    assert not torch.equal(model(ids, mask, feat, pos, img_mask), model(ids, mask, feat, pos, img_mask))
+    set_dropout(model, 0.0)
+    assert probabilities() == {0.0}
+    # no dropout anywhere: a training-mode forward is deterministic and equals evaluation mode's
+    out = model(ids, mask, feat, pos, img_mask)
+    assert torch.equal(out, model(ids, mask, feat, pos, img_mask))
+    assert torch.allclose(out, model.eval()(ids, mask, feat, pos, img_mask))
+    set_dropout(model, None)
+    assert probabilities() == {0.1}
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())

@@ -154,10 +154,10 @@ def test_first_phase_runs_its_own_mix_first(data, tmp_path):
 
     params = params_for(data, *FAST, "pretrain.steps=6", "pretrain.first_phase_steps=4", "pretrain.val_every=0",
                         "pretrain.checkpoint_every=0", "pretrain.out_name=phased",
-                        "pretrain.mix_ratio={mlm: 3.0, itm: 0.1}")
+                        "pretrain.mix_ratio={mlm: 3.0, itm: 0.1}", "pretrain.first_phase_dropout=0.0")
     run(params)
     report = json.loads((data / "models/phased/eval.json").read_text())
-    assert report["first_phase"] == {"steps": 4, "mix_ratio": {"itm": 1.0}}
+    assert report["first_phase"] == {"steps": 4, "mix_ratio": {"itm": 1.0}, "dropout": 0.0}
     counts = json.loads((data / "models/phased/_run.json").read_text())["counts"]["task_steps"]
     expected = TaskSchedule({"mlm": 3.0, "itm": 0.1}, seed=params.seed, first_phase_mix={"itm": 1.0},
                             first_phase_steps=4).counts(6)

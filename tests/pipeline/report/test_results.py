@@ -86,6 +86,10 @@ def test_results_md_points_to_the_ablations_pipeline_and_ignores_an_ablation_run
     results = run(params_for(data, "finetune.tasks=[vqa]"))
     md = (data / "reports" / "results.md").read_text()
     assert "tasks: itm 2, mlm 2 (steps 1-30: itm 1)." in md
+    (data / "models" / "pretrain" / "eval.json").write_text(json.dumps(
+        {**PRETRAIN_EVAL, "first_phase": {"steps": 30, "mix_ratio": {"itm": 1.0}, "dropout": 0.0}}))
+    run(params_for(data, "finetune.tasks=[vqa]"))
+    assert "(steps 1-30: itm 1, dropout 0)." in (data / "reports" / "results.md").read_text()
     # the masking ablation is a pipeline of its own (pipeline.report.ablations), not a section of results.md
     assert "masking_ablation" not in results and "## Masking ablation" not in md
     assert "`dvc repro ablations/dvc.yaml`" in md

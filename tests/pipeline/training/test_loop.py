@@ -39,8 +39,9 @@ class CrashingStream(BatchStream):
 
 
 def run_toy(toy, out: Path, *, total: int, zero_stage: int = 2, crash_after: int | None = None,
-            checkpoint_every: int = 4, seed: int = 3, model_cls=None):
-    """Train the toy for ``total`` steps (resuming whatever ``out`` holds); returns (engine state, result)."""
+            checkpoint_every: int = 4, seed: int = 3, model_cls=None, first_phase: tuple[int, float] | None = None):
+    """Train the toy for ``total`` steps (resuming whatever ``out`` holds); returns (engine state, result).
+    ``first_phase``: (steps, dropout) of a ``tok``-only first phase with that dropout."""
     torch.manual_seed(seed)
     with process_group("cpu") as dist:
         model = (model_cls or toy.Model)()
@@ -62,11 +63,14 @@ def run_toy(toy, out: Path, *, total: int, zero_stage: int = 2, crash_after: int
         resume = ckpt.prepare()
         logger = MetricsLogger(out / "live", stage="toy", enabled=True, resume_step=resume, params={"total": total})
         try:
-            result = train(engine, schedule=TaskSchedule({"tok": 2.0, "reg": 1.0}, seed=seed), streams=streams,
+            phase_steps, phase_dropout = first_phase or (0, None)
+            schedule = TaskSchedule({"tok": 2.0, "reg": 1.0}, seed=seed, first_phase_mix={"tok": 1.0},
+                                    first_phase_steps=phase_steps)
+            result = train(engine, schedule=schedule, streams=streams,
                            checkpointer=ckpt, logger=logger, val_batches=val, dist=dist,
                            settings=LoopSettings(total_steps=total, grad_accum=2, log_every=1, val_every=5,
                                                  checkpoint_every=checkpoint_every, device=torch.device("cpu"),
-                                                 precision="fp32"),
+                                                 precision="fp32", first_phase_dropout=phase_dropout),
                            resume_step=resume)
         finally:
             logger.close()
@@ -180,3 +184,28 @@ def test_one_rank_shortcut_trains_the_same_bits_as_the_all_reduce(toy, tmp_path,
     assert shortcut.keys() == reduced.keys()
     for name, value in shortcut.items():
         assert torch.equal(value, reduced[name]), name
+
+
+def test_first_phase_dropout_holds_for_the_phase_and_survives_a_resume(toy, tmp_path):
+    """``first_phase_dropout`` sets the model's dropout for steps 1..first_phase_steps and puts the
+    model's own back from the next step; it follows the step number, so a run killed inside the
+    phase resumes to the same weights as an uninterrupted one."""
+    seen: list[float] = []
+
+    class Recording(toy.Model):
+        def forward(self, batch, task):
+            if self.training:
+                seen.append(self.drop.p)
+            return super().forward(batch, task)
+
+    full, _ = run_toy(toy, tmp_path / "full", total=6, model_cls=Recording, first_phase=(3, 0.0))
+    # grad_accum 2: two training forwards a step
+    assert seen == [0.0] * 6 + [0.2] * 6, seen
+    with pytest.raises(Crash):
+        run_toy(toy, tmp_path / "crashed", total=6, checkpoint_every=1, crash_after=4, first_phase=(3, 0.0))
+    resumed, result = run_toy(toy, tmp_path / "crashed", total=6, checkpoint_every=1, first_phase=(3, 0.0))
+    assert result.start_step == 2
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
+    plain, _ = run_toy(toy, tmp_path / "plain", total=6, first_phase=(3, None))
+    assert any(not torch.equal(full[k], plain[k]) for k in full)  # the phase's dropout changed the training
