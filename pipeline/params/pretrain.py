@@ -30,12 +30,13 @@ REFERENCE_DATASET_RATIOS = {"indomain": {"coco": 1.0, "vg": 1.0}, "outdomain": {
 # in params.yaml (an explicit value overrides it; the run record lists such overrides). uniter:
 # UNITER's choices throughout (docs/fidelity.md). project (default): the same, except where a
 # measurement on the mini world showed UNITER's choice fails there (docs/experiments.md): ITM
-# first, the class-name start of the region projection, standardized region features and the
-# box branch started from zero.
+# first (without dropout), the class-name start of the region projection, standardized region
+# features and the box branch started from zero.
 RECIPES = ("uniter", "project")
 DEFAULT_RECIPE = "project"
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain.first_phase_steps": {"uniter": 0, "project": 100},
+    "pretrain.first_phase_dropout": {"uniter": None, "project": 0.0},
     "model.region_init": {"uniter": "random", "project": "class_names"},
     "model.region_feature_norm": {"uniter": "none", "project": "standardize"},
     "model.region_box_norm": {"uniter": "none", "project": "none"},
@@ -174,7 +175,7 @@ class PretrainConfig:
     first_phase_steps: int = bounded(recipe_default("pretrain.first_phase_steps"), 0, MAX_STEPS)
     first_phase_mix: Mapping[str, float] = field(default_factory=lambda: {"itm": 1.0})
     # dropout (hidden and attention) during the first phase; None: the model's (model.dropout) throughout
-    first_phase_dropout: float | None = bounded(None, 0, 1, hi_open=True)
+    first_phase_dropout: float | None = bounded(recipe_default("pretrain.first_phase_dropout"), 0, 1, hi_open=True)
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)
     itm_neg_prob: float = bounded(0.5, 0, 1)

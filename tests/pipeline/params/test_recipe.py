@@ -11,7 +11,7 @@ from pipeline.params.pretrain import RECIPE_DEFAULTS, RECIPES, PretrainConfig, r
 
 # UNITER's own values, read off its code and configs (docs/fidelity.md), written out here once more
 # so that a change of the recipe table has to be a deliberate change of this test too
-UNITER = {"pretrain.first_phase_steps": 0, "model.region_init": "random", "model.region_feature_norm": "none",
+UNITER = {"pretrain.first_phase_steps": 0, "pretrain.first_phase_dropout": None, "model.region_init": "random", "model.region_feature_norm": "none",
           "model.region_box_norm": "none", "model.region_box_start": "reference",
           "pretrain.mrc_kl_reduction": "mean", "pretrain.wra_words": "all", "pretrain.dataset_ratio": "reference",
           "pretrain.optim.grad_clip": 5.0, "pretrain.vcr.grad_clip": 0.0}
@@ -35,13 +35,14 @@ def test_uniter_recipe_is_uniter_and_project_departs_only_where_measured():
     assert {k: v["uniter"] for k, v in RECIPE_DEFAULTS.items()} == UNITER
     departures = {k for k, v in RECIPE_DEFAULTS.items() if v["project"] != v["uniter"]}
     # each measured on the mini world (docs/fidelity.md, docs/experiments.md)
-    assert departures == {"pretrain.first_phase_steps", "model.region_init", "model.region_feature_norm",
-                          "model.region_box_start"}
+    assert departures == {"pretrain.first_phase_steps", "pretrain.first_phase_dropout", "model.region_init",
+                          "model.region_feature_norm", "model.region_box_start"}
 
 
 def test_dataclass_defaults_are_the_default_recipe():
     cfg, model = PretrainConfig(), ModelConfig()
     assert cfg.first_phase_steps == recipe_default("pretrain.first_phase_steps")
+    assert cfg.first_phase_dropout == recipe_default("pretrain.first_phase_dropout") == 0.0
     assert cfg.optim.grad_clip == recipe_default("pretrain.optim.grad_clip")
     assert model.region_init == recipe_default("model.region_init")
     assert cfg.dataset_weights() == {"coco": 1.0, "vg": 1.0}
