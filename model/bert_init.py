@@ -125,7 +125,8 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
 
     Fills word/position/type embeddings, the embedding LayerNorm, every encoder layer (BERT's
     query/key/value are concatenated into the fused ``qkv``), the pooler and, if both exist, the
-    MLM transform + bias. The image embedder and task heads keep their initialization, and so do
+    MLM transform + bias. With ``config.pooler_start == "fresh"`` the pooler is not copied and keeps
+    its BERT-style initialization. The image embedder and task heads keep their initialization, and so do
     word rows beyond the checkpoint's vocabulary (a tokenizer with added tokens); segment types
     beyond the checkpoint's are copied from their source row (``UniterModel.grow_type_vocab``).
 
@@ -139,6 +140,9 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
     state = read_bert_state(path)
     root = model if hasattr(model, "uniter") else _Root(model)
     params = dict(root.named_parameters())
+    fresh_pooler = root.uniter.config.pooler_start == "fresh"
+    if fresh_pooler:  # the checkpoint's pooler is left out (and not reported unused)
+        params = {n: p for n, p in params.items() if not n.startswith("uniter.pooler.")}
     pending_qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     loaded, unused = [], []
     planned: list[tuple[torch.Tensor, torch.Tensor]] = []  # copy only after every shape is checked
@@ -150,7 +154,7 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
                 pending_qkv.setdefault((layer, param), {})[part] = value
                 continue
             if target is None or target not in params:
-                if not _IGNORED.match(key):
+                if not _IGNORED.match(key) and not (fresh_pooler and (target or "").startswith("uniter.pooler.")):
                     unused.append(key)
                 continue
             planned.append((params[target], _fit(params[target], value, key, path)))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "IMAGE_TYPE",
+    "POOLER_STARTS",
     "PRESETS",
     "REGION_BOX_NORMS",
     "REGION_BOX_STARTS",
@@ -33,6 +34,7 @@ VCR_TYPE_VOCAB = 4
 REGION_FEATURE_NORMS = ("none", "standardize")
 REGION_BOX_NORMS = ("none", "center")
 REGION_BOX_STARTS = ("reference", "zero")
+POOLER_STARTS = ("checkpoint", "fresh")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class UniterConfig:
     # the box branch's LayerNorm gain at the start: reference (UNITER: BERT's 1) | zero (the box adds
     # nothing until training grows it; params model.region_box_start, model/uniter.py ImageEmbeddings)
     region_box_start: str = "reference"
+    # the pooler (tanh(Linear(h_[CLS])), ITM's input) at the start: checkpoint (UNITER: BERT's, copied
+    # with the text side) | fresh (BERT's init N(0, initializer_range), not copied; params
+    # model.pooler_start, model/bert_init.py load_bert_weights)
+    pooler_start: str = "checkpoint"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -76,6 +82,8 @@ class UniterConfig:
         if self.region_box_start not in REGION_BOX_STARTS:
             raise ValueError(f"UniterConfig: region_box_start must be one of {REGION_BOX_STARTS}, "
                              f"got {self.region_box_start!r}")
+        if self.pooler_start not in POOLER_STARTS:
+            raise ValueError(f"UniterConfig: pooler_start must be one of {POOLER_STARTS}, got {self.pooler_start!r}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

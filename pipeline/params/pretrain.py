@@ -41,6 +41,7 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "model.region_feature_norm": {"uniter": "none", "project": "standardize"},
     "model.region_box_norm": {"uniter": "none", "project": "none"},
     "model.region_box_start": {"uniter": "reference", "project": "zero"},
+    "model.pooler_start": {"uniter": "checkpoint", "project": "checkpoint"},
     "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
     "pretrain.wra_words": {"uniter": "all", "project": "all"},
     "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},

@@ -53,7 +53,8 @@ def spec_from_params(model_cfg, *, vocab_size: int, img_dim: int, num_classes: i
     config = UniterConfig.from_preset(model_cfg.preset, dropout=model_cfg.dropout, vocab_size=vocab_size,
                                       region_feature_norm=model_cfg.region_feature_norm,
                                       region_box_norm=model_cfg.region_box_norm,
-                                      region_box_start=model_cfg.region_box_start)
+                                      region_box_start=model_cfg.region_box_start,
+                                      pooler_start=model_cfg.pooler_start)
     return ModelSpec(config=config, img_dim=img_dim, num_classes=num_classes, wra_weight=wra_weight,
                      mrc_kl_reduction=mrc_kl_reduction, wra_words=wra_words)
 

@@ -65,6 +65,27 @@ def test_text_forward_equals_transformers_bert():
     assert (model.pool(ours) - theirs.pooler_output).abs().max() < 1e-5
 
 
+def test_fresh_pooler_start_keeps_the_bert_style_init_and_loads_everything_else():
+    state = read_bert_state(default_bert_checkpoint())
+    # the shipped MiniLM's pooler was never trained (bias all zero, weights at std ~0.009): the
+    # reason for the switch (docs/experiments.md, 2026-12-03)
+    assert state["pooler.dense.bias"].abs().max() == 0
+    torch.manual_seed(5)
+    fresh = UniterModel(UniterConfig.from_preset("small", pooler_start="fresh"), img_dim=8)
+    init = fresh.pooler.dense.weight.clone()
+    report = load_bert_weights(fresh, default_bert_checkpoint())
+    assert report.unused == ()
+    assert torch.equal(fresh.pooler.dense.weight, init)
+    assert abs(init.std().item() - fresh.config.initializer_range) < 1e-3
+    copied = UniterModel(UniterConfig.from_preset("small"), img_dim=8)
+    full = load_bert_weights(copied, default_bert_checkpoint())
+    assert torch.equal(copied.pooler.dense.weight, state["pooler.dense.weight"])
+    assert set(full.loaded) - set(report.loaded) == {"uniter.pooler.dense.weight", "uniter.pooler.dense.bias"}
+    assert torch.equal(fresh.embeddings.word_embeddings.weight, copied.embeddings.word_embeddings.weight)
+    with pytest.raises(ValueError, match="pooler_start must be one of"):
+        UniterConfig.from_preset("tiny", pooler_start="bert")
+
+
 def test_load_bert_weights_from_torch_file_and_shape_errors(tmp_path):
     state = read_bert_state(default_bert_checkpoint())
     pt = tmp_path / "bert.pt"
