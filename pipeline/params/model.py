@@ -32,6 +32,6 @@ class ModelConfig:
     # until training grows it; model/uniter.py ImageEmbeddings); default: pretrain.recipe's (project: zero)
     region_box_start: Literal["reference", "zero"] = recipe_default("model.region_box_start")
     # the pooler (ITM's input) at the start: checkpoint (UNITER: copied from the BERT checkpoint) | fresh
-    # (BERT's N(0, 0.02) init: the shipped MiniLM's pooler was never trained); default: pretrain.recipe's (project: fresh)
+    # (BERT's N(0, 0.02) init: the shipped MiniLM's pooler was never trained); default: pretrain.recipe's (both: checkpoint)
     pooler_start: Literal["checkpoint", "fresh"] = recipe_default("model.pooler_start")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit

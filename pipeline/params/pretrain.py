@@ -31,7 +31,7 @@ REFERENCE_DATASET_RATIOS = {"indomain": {"coco": 1.0, "vg": 1.0}, "outdomain": {
 # UNITER's choices throughout (docs/fidelity.md). project (default): the same, except where a
 # measurement on the mini world showed UNITER's choice fails there (docs/experiments.md): ITM
 # first (without dropout), the class-name start of the region projection, standardized region
-# features, the box branch started from zero and a fresh pooler.
+# features and the box branch started from zero.
 RECIPES = ("uniter", "project")
 DEFAULT_RECIPE = "project"
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -41,7 +41,7 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "model.region_feature_norm": {"uniter": "none", "project": "standardize"},
     "model.region_box_norm": {"uniter": "none", "project": "none"},
     "model.region_box_start": {"uniter": "reference", "project": "zero"},
-    "model.pooler_start": {"uniter": "checkpoint", "project": "fresh"},
+    "model.pooler_start": {"uniter": "checkpoint", "project": "checkpoint"},
     "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
     "pretrain.wra_words": {"uniter": "all", "project": "all"},
     "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},
