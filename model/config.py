@@ -73,17 +73,11 @@ class UniterConfig:
             raise ValueError(
                 f"UniterConfig: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
             )
-        if self.region_feature_norm not in REGION_FEATURE_NORMS:
-            raise ValueError(f"UniterConfig: region_feature_norm must be one of {REGION_FEATURE_NORMS}, "
-                             f"got {self.region_feature_norm!r}")
-        if self.region_box_norm not in REGION_BOX_NORMS:
-            raise ValueError(f"UniterConfig: region_box_norm must be one of {REGION_BOX_NORMS}, "
-                             f"got {self.region_box_norm!r}")
-        if self.region_box_start not in REGION_BOX_STARTS:
-            raise ValueError(f"UniterConfig: region_box_start must be one of {REGION_BOX_STARTS}, "
-                             f"got {self.region_box_start!r}")
-        if self.pooler_start not in POOLER_STARTS:
-            raise ValueError(f"UniterConfig: pooler_start must be one of {POOLER_STARTS}, got {self.pooler_start!r}")
+        for name, allowed in (("region_feature_norm", REGION_FEATURE_NORMS), ("region_box_norm", REGION_BOX_NORMS),
+                              ("region_box_start", REGION_BOX_STARTS), ("pooler_start", POOLER_STARTS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"UniterConfig: {name} must be one of {allowed}, got {value!r}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
