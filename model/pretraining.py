@@ -48,6 +48,9 @@ class UniterForPretraining(nn.Module):
             (model/heads/mrm.py ``MrcHead``).
         wra_words: ``all`` real text positions, [CLS] and [SEP] included (UNITER), or ``content``
             (model/heads/wra.py ``word_positions``).
+        itm_init_std: std of the ITM classifier's normal start; None: ``config.initializer_range``
+            (UNITER: 0.02, as every new layer). Scales the same random draw, so every other
+            parameter's start is the same whatever its value.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class UniterForPretraining(nn.Module):
         ot_inner_steps: int = 1,
         mrc_kl_reduction: str = "mean",
         wra_words: str = "all",
+        itm_init_std: float | None = None,
     ):
         super().__init__()
         if wra_weight < 0:
@@ -73,8 +77,12 @@ class UniterForPretraining(nn.Module):
         self.mrfr = MrfrHead(config.hidden_size, img_dim, eps=eps)
         self.mrc = MrcHead(config.hidden_size, num_classes, eps=eps, kl_reduction=mrc_kl_reduction)
         self.itm = ItmHead(config.hidden_size)
-        for head in (self.mlm, self.mrfr, self.mrc, self.itm):
-            head.apply(lambda m: init_bert_weights(m, config.initializer_range))
+        if itm_init_std is not None and not itm_init_std > 0:
+            raise ValueError(f"itm_init_std must be > 0, got {itm_init_std}")
+        itm_std = config.initializer_range if itm_init_std is None else itm_init_std
+        for head, std in ((self.mlm, config.initializer_range), (self.mrfr, config.initializer_range),
+                          (self.mrc, config.initializer_range), (self.itm, itm_std)):
+            head.apply(lambda m, std=std: init_bert_weights(m, std))
         self.wra_weight = wra_weight
         if wra_words not in WRA_WORDS:
             raise ValueError(f"wra_words must be one of {WRA_WORDS}, got {wra_words!r}")

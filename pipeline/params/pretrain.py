@@ -42,6 +42,7 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "model.region_box_norm": {"uniter": "none", "project": "none"},
     "model.region_box_start": {"uniter": "reference", "project": "zero"},
     "model.pooler_start": {"uniter": "checkpoint", "project": "checkpoint"},
+    "pretrain.itm_init_std": {"uniter": 0.02, "project": 0.02},
     "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
     "pretrain.wra_words": {"uniter": "all", "project": "all"},
     "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},
@@ -180,6 +181,8 @@ class PretrainConfig:
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = bounded(0.15, 0, 1, lo_open=True, hi_open=True)
     itm_neg_prob: float = bounded(0.5, 0, 1)
+    # std of the ITM classifier's normal start (UNITER: 0.02, BERT's initializer_range for every new layer)
+    itm_init_std: float = bounded(recipe_default("pretrain.itm_init_std"), 0, 10, lo_open=True)
     wra: bool = True
     wra_weight: float = bounded(0.1, 0, 1e3)
     wra_words: Literal["all", "content"] = recipe_default("pretrain.wra_words")  # all: [CLS]/[SEP] too (UNITER)

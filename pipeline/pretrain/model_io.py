@@ -59,14 +59,16 @@ def spec_from_params(model_cfg, *, vocab_size: int, img_dim: int, num_classes: i
                      mrc_kl_reduction=mrc_kl_reduction, wra_words=wra_words)
 
 
-def build_model(spec: ModelSpec, *, bert_checkpoint: Path | None, init_from_bert: bool, seed: int) -> UniterForPretraining:
-    """A fresh model (same weights on every rank for the same seed), text side from BERT if asked."""
+def build_model(spec: ModelSpec, *, bert_checkpoint: Path | None, init_from_bert: bool, seed: int,
+                itm_init_std: float | None = None) -> UniterForPretraining:
+    """A fresh model (same weights on every rank for the same seed), text side from BERT if asked;
+    ``itm_init_std`` (pretrain.itm_init_std, a start only, so not in the spec) as UniterForPretraining's."""
     from model.bert_init import load_bert_weights
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = UniterForPretraining(spec.config, img_dim=spec.img_dim, num_classes=spec.num_classes,
-                                     **spec.losses())
+                                     itm_init_std=itm_init_std, **spec.losses())
     if init_from_bert:
         report = load_bert_weights(model, bert_checkpoint)
         log.info("text side initialized from %s (%d tensors)", report.path, len(report.loaded))

@@ -206,7 +206,7 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
                             num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0,
                             mrc_kl_reduction=cfg.mrc_kl_reduction, wra_words=cfg.wra_words)
     model = build_model(spec, bert_checkpoint=params.model.bert_checkpoint, init_from_bert=params.model.init_from_bert,
-                        seed=params.seed)
+                        seed=params.seed, itm_init_std=cfg.itm_init_std)
     region_fit = None
     if params.model.region_init == "class_names":
         from pipeline.pretrain.region_init import init_region_projection, training_image_keys

@@ -115,3 +115,21 @@ def test_bad_batches_are_named():
         model(batch, "vqa")
     with pytest.raises(KeyError, match=r"mrfr batch lacks key\(s\) \['img_feat_target'\]"):
         model({k: v for k, v in batch.items() if k != "img_feat_target"}, "mrfr")
+
+
+def test_itm_init_std_scales_only_the_itm_classifiers_start():
+    cfg = UniterConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0)
+    torch.manual_seed(3)
+    reference = UniterForPretraining(cfg, img_dim=D, num_classes=C)  # UNITER: initializer_range 0.02
+    torch.manual_seed(3)
+    wide = UniterForPretraining(cfg, img_dim=D, num_classes=C, itm_init_std=0.2)
+    ref_state, wide_state = reference.state_dict(), wide.state_dict()
+    # the same draw, ten times wider: every other start is untouched, so a run with the switch
+    # differs from the reference's only through the ITM classifier
+    torch.testing.assert_close(wide_state["itm.classifier.weight"], 10 * ref_state["itm.classifier.weight"])
+    assert torch.equal(wide_state["itm.classifier.bias"], ref_state["itm.classifier.bias"])
+    assert all(torch.equal(value, wide_state[key]) for key, value in ref_state.items() if not key.startswith("itm."))
+    big = UniterForPretraining(cfg, img_dim=D, num_classes=C, itm_init_std=0.2)
+    assert abs(big.itm.classifier.weight.std().item() - 0.2) < 0.05
+    with pytest.raises(ValueError, match="itm_init_std must be > 0"):
+        UniterForPretraining(cfg, img_dim=D, num_classes=C, itm_init_std=0.0)

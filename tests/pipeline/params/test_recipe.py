@@ -13,6 +13,7 @@ from pipeline.params.pretrain import RECIPE_DEFAULTS, RECIPES, PretrainConfig, r
 # so that a change of the recipe table has to be a deliberate change of this test too
 UNITER = {"pretrain.first_phase_steps": 0, "pretrain.first_phase_dropout": None, "model.region_init": "random", "model.region_feature_norm": "none",
           "model.region_box_norm": "none", "model.region_box_start": "reference", "model.pooler_start": "checkpoint",
+          "pretrain.itm_init_std": 0.02,
           "pretrain.mrc_kl_reduction": "mean", "pretrain.wra_words": "all", "pretrain.dataset_ratio": "reference",
           "pretrain.optim.grad_clip": 5.0, "pretrain.vcr.grad_clip": 0.0}
 
