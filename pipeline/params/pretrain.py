@@ -30,8 +30,8 @@ REFERENCE_DATASET_RATIOS = {"indomain": {"coco": 1.0, "vg": 1.0}, "outdomain": {
 # in params.yaml (an explicit value overrides it; the run record lists such overrides). uniter:
 # UNITER's choices throughout (docs/fidelity.md). project (default): the same, except where a
 # measurement on the mini world showed UNITER's choice fails there (docs/experiments.md): ITM
-# first (without dropout), the class-name start of the region projection, standardized region
-# features and the box branch started from zero.
+# first (without dropout), the ITM classifier started ten times wider, the class-name start of the
+# region projection, standardized region features and the box branch started from zero.
 RECIPES = ("uniter", "project")
 DEFAULT_RECIPE = "project"
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -42,7 +42,7 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "model.region_box_norm": {"uniter": "none", "project": "none"},
     "model.region_box_start": {"uniter": "reference", "project": "zero"},
     "model.pooler_start": {"uniter": "checkpoint", "project": "checkpoint"},
-    "pretrain.itm_init_std": {"uniter": 0.02, "project": 0.02},
+    "pretrain.itm_init_std": {"uniter": 0.02, "project": 0.2},
     "pretrain.mrc_kl_reduction": {"uniter": "mean", "project": "mean"},
     "pretrain.wra_words": {"uniter": "all", "project": "all"},
     "pretrain.dataset_ratio": {"uniter": "reference", "project": "reference"},

@@ -37,7 +37,7 @@ def test_uniter_recipe_is_uniter_and_project_departs_only_where_measured():
     departures = {k for k, v in RECIPE_DEFAULTS.items() if v["project"] != v["uniter"]}
     # each measured on the mini world (docs/fidelity.md, docs/experiments.md)
     assert departures == {"pretrain.first_phase_steps", "pretrain.first_phase_dropout", "model.region_init",
-                          "model.region_feature_norm", "model.region_box_start"}
+                          "model.region_feature_norm", "model.region_box_start", "pretrain.itm_init_std"}
 
 
 def test_dataclass_defaults_are_the_default_recipe():
