@@ -1,6 +1,6 @@
-"""Helpers of the scheduler-driven Airflow runs (test_airflow_scheduler.py): a stack of
-scripts/airflow_local.sh started exactly as `make airflow [AIRFLOW_STACK=celery]` starts it, the
-services the Celery stack needs, and what Airflow recorded about a run's task instances."""
+"""Helpers of the scheduler-driven Airflow runs (test_airflow_scheduler.py): a stack of a
+checkout's scripts/airflow_local.sh started exactly as `make airflow [AIRFLOW_STACK=celery]` starts
+it there, the services the Celery stack needs, and what Airflow recorded about a run's task instances."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts/airflow_local.sh"
+SCRIPT = "scripts/airflow_local.sh"  # relative to the checkout a stack is deployed from
 SETTINGS = REPO / "deploy/airflow.env"
 DAG_ID = "uniter_pretraining"
 
@@ -68,17 +70,19 @@ def _pg(url: str, dbname: str | None = None):
 
 @dataclass
 class Stack:
-    """One started stack: its environment (as the script gets it) and where it keeps its state."""
+    """One started stack: the checkout it runs (its DAG folder, its stages' working directory), its
+    environment (as the script gets it) and where it keeps its state."""
 
     name: str
+    repo: Path
     env: dict[str, str]
     home: Path
     runs_dir: Path
     killed: list[dict] = field(default_factory=list)
 
     def script(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(SCRIPT), *args], env=self.env, cwd=REPO, capture_output=True,
-                              text=True, check=check, timeout=timeout)
+        return subprocess.run(["bash", str(self.repo / SCRIPT), *args], env=self.env, cwd=self.repo,
+                              capture_output=True, text=True, check=check, timeout=timeout)
 
     @property
     def database(self) -> str | None:
@@ -96,10 +100,16 @@ class Stack:
             return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def make_stack(name: str, base: Path, **extra: str) -> Stack:
+def make_stack(name: str, base: Path, repo: Path, env: dict[str, str], **extra: str) -> Stack:
+    """A stack deployed from the checkout ``repo``, its state in ``base/<name>_home``. Runs live where
+    the checkout's params.yaml puts them (``paths.runs``, relative: inside the checkout), so two
+    checkouts' runs of one conf record the same paths."""
+    from pipeline.params.parser import RUNS_DIR_ENV
+
     home = base / f"{name}_home"
-    env = {**os.environ, "AIRFLOW_STACK": name, "AIRFLOW_HOME": str(home), "AIRFLOW_PORT": str(free_port()),
-           "AIRFLOW_START_TIMEOUT": "300", "UNITER_RUNS_DIR": str(base / "runs"), **extra}
+    env = {k: v for k, v in env.items() if k != RUNS_DIR_ENV}
+    env.update({"AIRFLOW_STACK": name, "AIRFLOW_HOME": str(home), "AIRFLOW_PORT": str(free_port()),
+                "AIRFLOW_START_TIMEOUT": "300", **extra})
     if name == "celery":
         # its own metadata database and queue: a developer's `make airflow` stack may share the services
         tag = f"test_{os.getpid()}_{secrets.token_hex(3)}"
@@ -107,7 +117,8 @@ def make_stack(name: str, base: Path, **extra: str) -> Stack:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = conf["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] + f"_{tag}"
         env["AIRFLOW__CELERY__RESULT_BACKEND"] = conf["AIRFLOW__CELERY__RESULT_BACKEND"] + f"_{tag}"
         env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] = f"uniter_{tag}"
-    return Stack(name=name, env=env, home=home, runs_dir=base / "runs")
+    runs = yaml.safe_load((repo / "params.yaml").read_text())["paths"]["runs"]
+    return Stack(name=name, repo=repo, env=env, home=home, runs_dir=repo / runs)
 
 
 def drop_database(stack: Stack) -> None:

@@ -1,13 +1,16 @@
 """Real Airflow 3 runs of the DAG on the tiny world, both stacks of scripts/airflow_local.sh started
-exactly as `make airflow` and `make airflow AIRFLOW_STACK=celery` start them:
+exactly as `make airflow` and `make airflow AIRFLOW_STACK=celery` start them, each from its own
+fresh checkout of the repository (what `git clone` gives):
 
 - local: SQLite + LocalExecutor (the embedded default);
 - celery: PostgreSQL + CeleryExecutor + Redis broker with two Celery workers (deploy/airflow.env, the
   settings docker-compose.yml reads), a fake count of 2 GPUs shared by both workers; while a mapped
   ``extract`` runs, its worker's process group is killed with SIGKILL.
 
-Both runs get the same conf and run directory (one after the other); the Celery run's outputs must
-be byte-identical to the local run's.
+Both runs get the same conf and run at the same time, each in its checkout's ``runs/`` (params.yaml's
+relative ``paths.runs``, so both record the same paths); the Celery run's outputs must be
+byte-identical to the local run's: neither the executor, a killed worker nor where the project
+lives changes a byte.
 The Celery tests are skipped, naming the service, where PostgreSQL or Redis is missing. Always stops
 the processes it started and drops the database it created."""
 
@@ -25,7 +28,8 @@ import pytest
 import yaml
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_dvc_repro import content_digest  # noqa: E402  (one definition of "byte-identical" for both)
+# one definition of "byte-identical" and of a fresh checkout (and its environment) for both
+from test_dvc_repro import content_digest, fresh_copy, stage_env  # noqa: E402
 
 from airflow_stacks import (REPO, Stack, drop_database, kill_worker_during, make_stack, missing_service, task_log,
                             wait_for_retry)
@@ -84,42 +88,40 @@ def run_on(stack: Stack) -> dict:
     return out
 
 
+def checkout(dest: Path) -> Path:
+    dest.mkdir()
+    return fresh_copy(dest)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The local run, then (where its services exist) the Celery run with the same conf at the same
-    path (outputs record their paths: byte-identical needs the same run dir), the local run's
-    directory moved aside as the baseline. Both stacks start at once; the local one stops while the
-    Celery run goes on."""
+    """The local run and (where its services exist) the Celery run with the same conf, both at once,
+    each stack deployed from its own fresh checkout; ``{name: (stack, result, run dir)}`` and why
+    the Celery stack did not run (None when it ran)."""
     base = tmp_path_factory.mktemp("airflow")
     why_not = missing_service()
+    env = stage_env()  # what the Makefile exports: the venv first on PATH, the shared DeepSpeed op build
     # the killed extract's retry need not wait deploy/airflow.env's 30 s: the run's critical path
     quick_retry = {"AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": str(RETRY_DELAY_S)}
-    stacks = {"local": make_stack("local", base, **quick_retry)}
+    stacks = {"local": make_stack("local", base, checkout(base / "local"), env, **quick_retry)}
     if why_not is None:
-        stacks["celery"] = make_stack("celery", base, UNITER_GPU_COUNT=str(FAKE_GPUS), AIRFLOW_GPU_SLOTS=str(FAKE_GPUS),
+        stacks["celery"] = make_stack("celery", base, checkout(base / "celery"), env,
+                                      UNITER_GPU_COUNT=str(FAKE_GPUS), AIRFLOW_GPU_SLOTS=str(FAKE_GPUS),
                                       AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30", **quick_retry)
-    results, dirs = {}, {}
     try:
         with ThreadPoolExecutor(len(stacks)) as pool:
             list(pool.map(start, stacks.values()))
-            local = stacks["local"]
-            results["local"] = {"refused": local.script("trigger", json.dumps({"model_preset": "huge"}), "bad-conf",
-                                                        check=False), **run_on(local)}
-            # the run is over (success or not): its directory moves aside at once and the stack stops
-            # while the Celery run goes on (the finally below waits for that stop too)
-            dirs["local"] = local.runs_dir.with_name("local_run")
-            (local.runs_dir / CONF["run_name"]).rename(dirs["local"])
-            pool.submit(local.script, "stop", check=False, timeout=120)
-            report_stack("local (SQLite + LocalExecutor): ran")
-            if "celery" in stacks:
-                results["celery"] = run_on(stacks["celery"])
-                dirs["celery"] = stacks["celery"].runs_dir / CONF["run_name"]
+            refused = stacks["local"].script("trigger", json.dumps({"model_preset": "huge"}), "bad-conf", check=False)
+            results = dict(zip(stacks, pool.map(run_on, stacks.values())))
+        results["local"]["refused"] = refused
+        report_stack("local (SQLite + LocalExecutor): ran")
         report_stack("celery (PostgreSQL + CeleryExecutor + Redis, 2 workers): "
                      + ("ran" if why_not is None else f"SKIPPED: {why_not}"))
-        yield {name: (stacks[name], results[name], dirs[name]) for name in results}, why_not
+        yield {name: (stacks[name], results[name], stacks[name].runs_dir / CONF["run_name"]) for name in results}, why_not
     finally:
+        with ThreadPoolExecutor(len(stacks)) as pool:  # each stop waits for its processes to exit
+            list(pool.map(lambda stack: stack.script("stop", check=False, timeout=120), stacks.values()))
         for stack in stacks.values():
-            stack.script("stop", check=False, timeout=120)
             leftover = sorted(p.stem for p in (stack.home / "pids").glob("*.pid"))
             drop_database(stack)
             assert not leftover, f"{stack.name}: {leftover} still have pid files after stop"
@@ -143,8 +145,9 @@ def test_local_run_makes_every_dvc_output_in_its_run_dir(runs):
     stack, result, run_dir = runs[0]["local"]
     assert result["refused"].returncode != 0, "a conf that breaks the Params schema must not create a run"
     succeeded(stack, result, run_dir)
-    params = yaml.safe_load((run_dir / "params.yaml").read_text())  # written where the run ran (then moved here)
-    assert params["paths"]["data"] == str(stack.runs_dir / CONF["run_name"] / "data")
+    params = yaml.safe_load((run_dir / "params.yaml").read_text())
+    # inside the checkout's runs/ (params.yaml's paths.runs), relative: the stages run in the checkout
+    assert params["paths"]["data"] == f"runs/{CONF['run_name']}/data"
     assert params["model"]["preset"] == "tiny"
     for out in dvc_outputs():  # everything dvc repro would make, made inside the run
         assert (run_dir / out).exists(), f"the run did not produce {out}"
