@@ -37,7 +37,7 @@ from pipeline.common import gpu_alloc
 from pipeline.stages import STAGES
 
 TINY = yaml.safe_load((REPO / "tests/e2e/tiny_overrides.yaml").read_text())
-CONF = {"run_name": "tiny", "seed": 1234, "overrides": TINY}  # runs dir: each stack's UNITER_RUNS_DIR
+CONF = {"run_name": "tiny", "seed": 1234, "overrides": TINY}  # run dir: runs/tiny in each stack's checkout
 RUN_ID = "tiny-run"
 RUN_TIMEOUT_S = 45 * 60
 FAKE_GPUS = 2
