@@ -88,11 +88,6 @@ def run_on(stack: Stack) -> dict:
     return out
 
 
-def checkout(dest: Path) -> Path:
-    dest.mkdir()
-    return fresh_copy(dest)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The local run and (where its services exist) the Celery run with the same conf, both at once,
@@ -103,9 +98,10 @@ def runs(tmp_path_factory):
     env = stage_env()  # what the Makefile exports: the venv first on PATH, the shared DeepSpeed op build
     # the killed extract's retry need not wait deploy/airflow.env's 30 s: the run's critical path
     quick_retry = {"AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": str(RETRY_DELAY_S)}
-    stacks = {"local": make_stack("local", base, checkout(base / "local"), env, **quick_retry)}
+    local_repo = fresh_copy(tmp_path_factory.mktemp("checkout_local"))
+    stacks = {"local": make_stack("local", base, local_repo, env, **quick_retry)}
     if why_not is None:
-        stacks["celery"] = make_stack("celery", base, checkout(base / "celery"), env,
+        stacks["celery"] = make_stack("celery", base, fresh_copy(tmp_path_factory.mktemp("checkout_celery")), env,
                                       UNITER_GPU_COUNT=str(FAKE_GPUS), AIRFLOW_GPU_SLOTS=str(FAKE_GPUS),
                                       AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30", **quick_retry)
     try:
