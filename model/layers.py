@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import UniterConfig
+from model.dropout import Dropout, attention
 
 __all__ = ["Encoder", "Pooler", "SelfAttention", "TransformerLayer", "init_bert_weights", "set_dropout"]
 
@@ -40,7 +41,8 @@ def set_dropout(module: nn.Module, p: float | None) -> None:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention through ``F.scaled_dot_product_attention``.
+    """Multi-head self-attention through ``F.scaled_dot_product_attention`` (while training with
+    attention dropout on the CPU: :func:`model.dropout.attention`).
 
     Q, K and V come from one fused projection (one GEMM instead of three); ``load_bert_weights``
     concatenates BERT's separate query/key/value weights into it.
@@ -58,9 +60,7 @@ class SelfAttention(nn.Module):
         """x [B, L, H], attn_mask bool [B, 1, 1, L] (True = key may be attended) -> [B, L, H]."""
         b, length, hidden = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        out = attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)
         return self.proj(out.transpose(1, 2).reshape(b, length, hidden))
 
 
@@ -74,7 +74,7 @@ class TransformerLayer(nn.Module):
         self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))

@@ -16,6 +16,7 @@ from torch import nn
 
 from model.bert_init import BertInitReport, default_bert_checkpoint, load_bert_weights
 from model.config import IMAGE_TYPE, PRESETS, TEXT_TYPE, UniterConfig
+from model.dropout import Dropout
 from model.layers import Encoder, Pooler, init_bert_weights
 
 __all__ = [
@@ -45,7 +46,7 @@ class TextEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
 
     def forward(self, input_ids: torch.Tensor, type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids i64 [B, Lt], type_ids i64 [B, Lt] or None (all text type 0) -> [B, Lt, H]."""
@@ -112,7 +113,7 @@ class ImageEmbeddings(nn.Module):
         # parameter; [1, D], a matrix, so AdamW decays it as UNITER's optimizer groups do
         self.mask_embedding = nn.Parameter(torch.empty(1, img_dim).normal_(0.0, config.initializer_range))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
 
     def init_box_branch(self) -> None:
         """Set the box branch's start as ``config.region_box_start`` says (call after weight init)."""

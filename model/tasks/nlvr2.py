@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import IMAGE_TYPE, UniterConfig
+from model.dropout import Dropout
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
 __all__ = ["LEFT_IMAGE_TYPE", "NLVR2_HEADS", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
@@ -40,7 +41,7 @@ class AttentionPool(nn.Module):
     def __init__(self, hidden_size: int, dropout: float):
         super().__init__()
         self.score = nn.Sequential(nn.Linear(hidden_size, 1), nn.ReLU())
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         weights = self.score(x).squeeze(-1).masked_fill(~mask, float("-inf")).softmax(-1)
@@ -59,7 +60,7 @@ class BiAttention(nn.Module):
         self.right_to_left = nn.MultiheadAttention(
             h, config.num_heads, dropout=config.attention_dropout, batch_first=True
         )
-        self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Dropout(config.hidden_dropout))
+        self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), Dropout(config.hidden_dropout))
         self.pool = AttentionPool(h, config.attention_dropout)
 
     def forward(self, left, right, left_mask, right_mask) -> torch.Tensor:

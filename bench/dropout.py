@@ -1,0 +1,121 @@
+"""Benchmark: what dropout costs a CPU training step, by mask generator, side by side in one run.
+
+    .venv/bin/python bench/dropout.py                 # params.yaml's model preset, its precision
+    .venv/bin/python bench/dropout.py --rounds 8 --steps 10
+
+One model (params.yaml ``model.preset``, UNITER's dropout 0.1 in hidden and attention layers) and
+the same synthetic pretraining batches (``bench/pretrain.py``'s layout: MLM, MRFR, MRC-kl, ITM
+cycled; rows of <= ``--txt-len`` words + <= ``--regions`` regions, about ``pretrain.batch_tokens``
+units a batch) run forward + ``loss.backward()`` (no optimizer: the part dropout touches) with:
+
+- ``torch``:  torch's own dropout: ``nn.Dropout`` (``bernoulli_``, one uniform double per element)
+              and ``F.scaled_dot_product_attention(dropout_p=0.1)`` (on the CPU its unfused math path);
+- ``model``:  the model's :mod:`model.dropout` (a 31-bit integer per element, and the explicit
+              attention with that mask): what the stages run;
+- ``none``:   dropout 0 everywhere (SDPA's fused kernel): the floor no mask generator can beat.
+
+Rounds rotate the variants after one warm-up round each, so background load hits all alike; the
+table shows each variant's median step time over all timed steps and its ratio to ``torch``.
+Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with native bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.pretrain import MINI_FEATURE_DIM, MINI_NUM_CLASSES, synthetic_batch  # isort: skip  (sets the OpenMP wait)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import model.dropout  # noqa: E402
+import model.layers  # noqa: E402
+from model.config import UniterConfig  # noqa: E402
+from model.layers import set_dropout  # noqa: E402
+from model.pretraining import UniterForPretraining  # noqa: E402
+from pipeline.params.parser import load_params  # noqa: E402
+from pipeline.training.engine import autocast_forward, resolve_precision  # noqa: E402
+
+TASKS = ("mlm", "mrfr", "mrc_kl", "itm")
+
+
+def _sdpa(q, k, v, attn_mask, dropout_p):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+@contextlib.contextmanager
+def torch_dropout():
+    """The model with torch's dropout kernels instead of model/dropout.py's."""
+    saved = model.dropout.dropout, model.layers.attention
+    model.dropout.dropout, model.layers.attention = F.dropout, _sdpa
+    try:
+        yield
+    finally:
+        model.dropout.dropout, model.layers.attention = saved
+
+
+def step(net: torch.nn.Module, batch: dict) -> float:
+    """One forward + backward; seconds."""
+    t = time.perf_counter()
+    out = net(batch, batch["task"])
+    out.loss.backward()
+    net.zero_grad(set_to_none=True)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8, help="steps per round")
+    ap.add_argument("--rounds", type=int, default=4, help="timed rounds after the warm-up")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--txt-len", type=int, default=16)
+    ap.add_argument("--regions", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    params = load_params(Path(__file__).resolve().parent.parent / "params.yaml")
+    precision = resolve_precision("auto", torch.device("cpu"))
+    cfg = UniterConfig.from_preset(params.model.preset, dropout=0.1)
+    torch.manual_seed(0)
+    net = UniterForPretraining(cfg, img_dim=MINI_FEATURE_DIM, num_classes=MINI_NUM_CLASSES, wra_weight=0.1)
+    autocast_forward(net, precision, torch.device("cpu"))
+    net.train()
+    g = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(TASKS[i % len(TASKS)], batch=args.batch, txt_len=args.txt_len, regions=args.regions,
+                               vocab=cfg.vocab_size, img_dim=MINI_FEATURE_DIM, classes=MINI_NUM_CLASSES, g=g)
+               for i in range(args.steps)]
+    units = statistics.mean(int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches)
+
+    def run(name: str) -> list[float]:
+        ctx = torch_dropout() if name == "torch" else contextlib.nullcontext()
+        set_dropout(net, 0.0 if name == "none" else None)
+        with ctx:
+            return [step(net, b) for b in batches]
+
+    names = ["torch", "model", "none"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds + 1):
+        for name in names[r % 3:] + names[:r % 3]:
+            t = run(name)
+            if r > 0:  # round 0 warms up (allocator, kernels)
+                times[name] += t
+    print(f"preset {params.model.preset}, {precision}, {torch.get_num_threads()} threads, batch {args.batch} x "
+          f"(<= {args.txt_len} words + <= {args.regions} regions, {units:.0f} real units), tasks {list(TASKS)}; "
+          f"{args.rounds} rounds x {args.steps} steps")
+    base = statistics.median(times["torch"])
+    print(f"{'dropout':<8} {'median step ms':>15} {'/ torch':>8}")
+    for name in names:
+        med = statistics.median(times[name])
+        print(f"{name:<8} {1e3 * med:15.1f} {med / base:8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

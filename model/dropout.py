@@ -1,0 +1,84 @@
+"""Dropout with keep masks drawn from 31-bit random integers on the CPU.
+
+Same semantics as ``torch.nn.Dropout`` (each element zeroed with probability p, independently; the
+kept ones scaled by 1 / (1 - p); identity in eval mode or with p = 0), and the same random source
+(torch's default CPU generator, so ``torch.manual_seed`` and saved RNG states govern it). Only the
+way a mask is drawn differs: torch's CPU ``bernoulli_`` draws one uniform double per element, and
+``F.scaled_dot_product_attention`` with ``dropout_p > 0`` leaves its fused CPU kernel for the
+unfused math path (and :func:`attention` also replaces the fused kernel's slow bf16 backward). Here a mask is one ``random_()`` over int32 (31 random bits an element) and a
+comparison: the drop probability is ``round(p * 2**31) / 2**31``, within 2.4e-10 of p. Measured
+effect per step and on the demo: docs/throughput.md. On other devices both fall back to torch's
+own (fused) kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Dropout", "attention", "drop_mask", "dropout"]
+
+_BITS = 31  # int32 ``random_()`` draws uniformly from [0, 2**31)
+
+
+def drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """bool tensor of ``shape``: True where an element is dropped, each with probability p."""
+    threshold = round(p * 2**_BITS)
+    return torch.empty(shape, dtype=torch.int32, device=device).random_() < threshold
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x with the masked elements zeroed, times ``scale``; the backward applies the same to the
+    gradient. Saves only the bool mask (one byte an element)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, drop: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(drop)
+        ctx.scale = scale
+        return x.masked_fill(drop, 0).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (drop,) = ctx.saved_tensors
+        return grad.masked_fill(drop, 0).mul_(ctx.scale), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout(x, p, training)`` with a mask from :func:`drop_mask` on the CPU."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training)
+    return _MaskedScale.apply(x, drop_mask(x.shape, p, device=x.device), 1.0 / (1.0 - p))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose CPU masks come from :func:`dropout` (same ``p``, same state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+              dropout_p: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p)`` for q, k, v [B, heads, L, d]
+    and a bool ``attn_mask`` broadcastable to [B, heads, L, L] (True = may attend) -> [B, heads, L, d].
+
+    On the CPU, with ``dropout_p > 0`` or a bf16 / fp16 backward to come, the probabilities are
+    computed explicitly (softmax in at least fp32) and dropped with :func:`dropout`: SDPA would take
+    its math path with a slower mask, or its fused kernel, whose bf16 backward is ~5x the explicit
+    one on short sequences (docs/throughput.md). Otherwise (inference, fp32 without dropout, GPUs)
+    SDPA itself.
+    """
+    low_precision_backward = q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad)
+    if q.device.type != "cpu" or not (dropout_p > 0.0 or low_precision_backward):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
+    return torch.matmul(dropout(probs, dropout_p, True), v)

@@ -1,0 +1,110 @@
+"""model/dropout.py: the CPU masks have torch.nn.Dropout's distribution, scaling, gradient and seeding,
+and the explicit attention equals SDPA where no element is dropped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.dropout import Dropout, attention, drop_mask, dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_drop_rate_is_p_and_masks_are_independent(p):
+    torch.manual_seed(0)
+    n = 1 << 21
+    drop = drop_mask((n,), p).double()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(drop.mean().item() - p) < 5 * sigma
+    # neighbours (within one random word and across words) are dropped together at rate p^2
+    both = (drop[:-1] * drop[1:]).mean().item()
+    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / n)
+    # every column of a [rows, 384] mask has rate p (no position is favoured)
+    cols = drop_mask((8192, 384), p).double().mean(0)
+    assert (cols - p).abs().max().item() < 5 * math.sqrt(p * (1 - p) / 8192)
+
+
+def test_kept_elements_are_scaled_and_the_gradient_is_masked_the_same_way():
+    torch.manual_seed(1)
+    x = torch.randn(64, 96, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(2)
+    y = dropout(x, 0.25, True)
+    torch.manual_seed(2)
+    kept = ~drop_mask(x.shape, 0.25)
+    assert torch.equal(y, torch.where(kept, x * (1 / 0.75), torch.zeros_like(x)))
+    grad = torch.randn_like(x)
+    y.backward(grad)
+    assert torch.equal(x.grad, torch.where(kept, grad * (1 / 0.75), torch.zeros_like(grad)))
+
+
+def test_seeded_like_torch_and_identity_when_not_training():
+    x = torch.randn(32, 128)
+    torch.manual_seed(3)
+    a = dropout(x, 0.1, True)
+    torch.manual_seed(3)
+    b = dropout(x, 0.1, True)
+    c = dropout(x, 0.1, True)
+    assert torch.equal(a, b) and not torch.equal(b, c)
+    module = Dropout(0.1)
+    assert isinstance(module, torch.nn.Dropout) and module.p == 0.1
+    assert module.eval()(x) is x and dropout(x, 0.0, True) is x
+    assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def test_mean_matches_torch_dropout_over_many_draws():
+    x = torch.full((1 << 20,), 2.0)
+    torch.manual_seed(4)
+    ours, theirs = dropout(x, 0.1, True), F.dropout(x, 0.1, True)
+    # both keep each element with probability 0.9 and scale by 1 / 0.9: mean 2.0, sd 2/3 per element
+    tol = 5 * (2.0 / 3.0) / math.sqrt(x.numel())
+    assert abs(ours.mean().item() - 2.0) < tol and abs(theirs.mean().item() - 2.0) < tol
+    values = ours.unique().tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(2.0 / 0.9)
+
+
+def _qkv_mask(dtype=torch.float32):
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(3, 4, 10, 8, dtype=dtype) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., 7:] = False
+    mask[2, ..., 4:] = False
+    return q, k, v, mask
+
+
+def test_explicit_attention_equals_sdpa_when_nothing_is_dropped():
+    q, k, v, mask = _qkv_mask(torch.float64)
+    # p = 1e-12 rounds to a threshold of 0 draws in 2**31: the explicit path, no element dropped
+    ours = attention(q, k, v, mask, 1e-12)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    assert torch.equal(attention(q, k, v, mask, 0.0), ref)
+
+
+def test_attention_dropout_drops_probabilities_with_the_seeded_mask():
+    q, k, v, mask = _qkv_mask(torch.float64)
+    torch.manual_seed(6)
+    ours = attention(q, k, v, mask, 0.2)
+    torch.manual_seed(6)
+    drop = drop_mask((3, 4, 10, 10), 0.2)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf")).softmax(-1)
+    expected = scores.masked_fill(drop, 0) / 0.8 @ v
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_bf16_training_attention_is_explicit_and_close_to_fp32():
+    q, k, v, mask = _qkv_mask()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = attention(*low, mask, 0.0)
+    assert "ScaledDotProduct" not in ours.grad_fn.name()  # not SDPA's fused backward
+    torch.testing.assert_close(ours.float(), ref, rtol=0.05, atol=0.05)
+    ours.float().sum().backward()
+    q32 = q.clone().requires_grad_()
+    F.scaled_dot_product_attention(q32, k, v, attn_mask=mask).sum().backward()
+    torch.testing.assert_close(low[0].grad.float(), q32.grad, rtol=0.05, atol=0.05)
+    with torch.no_grad():  # inference keeps SDPA's fused kernel
+        assert torch.equal(attention(*low, mask, 0.0), F.scaled_dot_product_attention(*low, attn_mask=mask))
