@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/dropout.py                 # params.yaml's model preset, its precision
     .venv/bin/python bench/dropout.py --rounds 8 --steps 10
+    .venv/bin/python bench/dropout.py --attention     # attention alone: SDPA vs explicit, by dtype
 
 One model (params.yaml ``model.preset``, UNITER's dropout 0.1 in hidden and attention layers) and
 the same synthetic pretraining batches (``bench/pretrain.py``'s layout: MLM, MRFR, MRC-kl, ITM
@@ -17,6 +18,11 @@ units a batch) run forward + ``loss.backward()`` (no optimizer: the part dropout
 Rounds rotate the variants after one warm-up round each, so background load hits all alike; the
 table shows each variant's median step time over all timed steps and its ratio to ``torch``.
 Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with native bf16).
+
+``--attention``: the attention op alone, forward + backward (and forward without gradients), for
+q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel, the explicit computation of
+``model.dropout.attention``, SDPA with dropout 0.1 (its math path) and the explicit one with the
+model's mask; mean ms over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
 
 from __future__ import annotations
@@ -69,6 +75,33 @@ def step(net: torch.nn.Module, batch: dict) -> float:
     return time.perf_counter() - t
 
 
+def attention_table(reps: int) -> None:
+    """Print the attention op's time per variant (see the module docstring)."""
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return 1e3 * (time.perf_counter() - t) / reps
+
+    variants = {"SDPA fused": lambda q, k, v, m: _sdpa(q, k, v, m, 0.0),
+                "explicit": lambda q, k, v, m: model.dropout.attention(q, k, v, m, 1e-12),  # no element dropped
+                "SDPA p=0.1": lambda q, k, v, m: _sdpa(q, k, v, m, 0.1),
+                "explicit p=0.1": lambda q, k, v, m: model.dropout.attention(q, k, v, m, 0.1)}
+    print(f"{'B x L':<9} {'dtype':<9} {'pass':<9}" + "".join(f"{n:>16}" for n in variants))
+    for b, length in ((32, 32), (8, 128)):
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v = (torch.randn(b, 12, length, 32, dtype=dtype, requires_grad=True) for _ in range(3))
+            mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+            mask[..., length - 5:] = False
+            row = [timed(lambda f=f: f(q, k, v, mask).sum().backward()) for f in variants.values()]
+            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd+bwd':<9}" + "".join(f"{x:16.2f}" for x in row))
+            with torch.no_grad():
+                row = [timed(lambda f=f: f(q, k, v, mask)) for f in list(variants.values())[:2]]
+            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd':<9}" + "".join(f"{x:16.2f}" for x in row))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8, help="steps per round")
@@ -77,9 +110,13 @@ def main() -> int:
     ap.add_argument("--txt-len", type=int, default=16)
     ap.add_argument("--regions", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--attention", action="store_true", help="time the attention op alone instead")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention:
+        attention_table(args.steps * args.rounds)
+        return 0
     params = load_params(Path(__file__).resolve().parent.parent / "params.yaml")
     precision = resolve_precision("auto", torch.device("cpu"))
     cfg = UniterConfig.from_preset(params.model.preset, dropout=0.1)
