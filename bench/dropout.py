@@ -22,7 +22,8 @@ Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
 q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel, the explicit computation of
 ``model.dropout.attention``, SDPA with dropout 0.1 (its math path) and the explicit one with the
-model's mask; mean ms over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
+model's mask; and one mask from ``bernoulli_`` against :func:`model.dropout.drop_mask`; mean ms
+over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def attention_table(reps: int) -> None:
         return 1e3 * (time.perf_counter() - t) / reps
 
     variants = {"SDPA fused": lambda q, k, v, m: _sdpa(q, k, v, m, 0.0),
-                "explicit": lambda q, k, v, m: model.dropout.attention(q, k, v, m, 1e-12),  # no element dropped
+                "explicit": lambda q, k, v, m: model.dropout.explicit_attention(q, k, v, m, 0.0),
                 "SDPA p=0.1": lambda q, k, v, m: _sdpa(q, k, v, m, 0.1),
-                "explicit p=0.1": lambda q, k, v, m: model.dropout.attention(q, k, v, m, 0.1)}
+                "explicit p=0.1": lambda q, k, v, m: model.dropout.explicit_attention(q, k, v, m, 0.1)}
     print(f"{'B x L':<9} {'dtype':<9} {'pass':<9}" + "".join(f"{n:>16}" for n in variants))
     for b, length in ((32, 32), (8, 128)):
         for dtype in (torch.float32, torch.bfloat16):
@@ -100,6 +101,10 @@ def attention_table(reps: int) -> None:
             with torch.no_grad():
                 row = [timed(lambda f=f: f(q, k, v, mask)) for f in list(variants.values())[:2]]
             print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd':<9}" + "".join(f"{x:16.2f}" for x in row))
+    shape = (32, 12, 32, 32)  # one attention mask of the 32 x 32 case
+    bern = timed(lambda: torch.empty(shape).bernoulli_(0.9))
+    ours = timed(lambda: model.dropout.drop_mask(shape, 0.1))
+    print(f"one mask of {torch.Size(shape).numel()} elements: bernoulli_ {bern:.2f} ms, drop_mask {ours:.2f} ms")
 
 
 def main() -> int:

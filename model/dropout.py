@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Dropout", "attention", "drop_mask", "dropout"]
+__all__ = ["Dropout", "attention", "drop_mask", "dropout", "explicit_attention"]
 
 _BITS = 31  # int32 ``random_()`` draws uniformly from [0, 2**31)
 
@@ -77,6 +77,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
         q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type != "cpu" or not (dropout_p > 0.0 or low_precision_backward):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return explicit_attention(q, k, v, attn_mask, dropout_p)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                       dropout_p: float) -> torch.Tensor:
+    """softmax(q kᵀ / √d, masked) v with the probabilities dropped by :func:`dropout` (none when
+    ``dropout_p`` is 0); shapes as :func:`attention`."""
     scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))

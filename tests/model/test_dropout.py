@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.dropout import Dropout, attention, drop_mask, dropout
+from model.dropout import Dropout, attention, drop_mask, dropout, explicit_attention
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -76,8 +76,7 @@ def _qkv_mask(dtype=torch.float32):
 
 def test_explicit_attention_equals_sdpa_when_nothing_is_dropped():
     q, k, v, mask = _qkv_mask(torch.float64)
-    # p = 1e-12 rounds to a threshold of 0 draws in 2**31: the explicit path, no element dropped
-    ours = attention(q, k, v, mask, 1e-12)
+    ours = explicit_attention(q, k, v, mask, 0.0)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
     assert torch.equal(attention(q, k, v, mask, 0.0), ref)
@@ -100,7 +99,7 @@ def test_bf16_training_attention_is_explicit_and_close_to_fp32():
     low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours = attention(*low, mask, 0.0)
-    assert "ScaledDotProduct" not in ours.grad_fn.name()  # not SDPA's fused backward
+    assert "ScaledDotProduct" not in ours.grad_fn.name()  # explicit_attention's, not SDPA's fused backward
     torch.testing.assert_close(ours.float(), ref, rtol=0.05, atol=0.05)
     ours.float().sum().backward()
     q32 = q.clone().requires_grad_()
