@@ -1,14 +1,15 @@
-"""Dropout with keep masks drawn from 31-bit random integers on the CPU.
+"""Dropout whose CPU masks come from 31-bit random integers, and attention that uses it.
 
 Same semantics as ``torch.nn.Dropout`` (each element zeroed with probability p, independently; the
 kept ones scaled by 1 / (1 - p); identity in eval mode or with p = 0), and the same random source
 (torch's default CPU generator, so ``torch.manual_seed`` and saved RNG states govern it). Only the
-way a mask is drawn differs: torch's CPU ``bernoulli_`` draws one uniform double per element, and
-``F.scaled_dot_product_attention`` with ``dropout_p > 0`` leaves its fused CPU kernel for the
-unfused math path (and :func:`attention` also replaces the fused kernel's slow bf16 backward). Here a mask is one ``random_()`` over int32 (31 random bits an element) and a
-comparison: the drop probability is ``round(p * 2**31) / 2**31``, within 2.4e-10 of p. Measured
-effect per step and on the demo: docs/throughput.md. On other devices both fall back to torch's
-own (fused) kernels.
+way a mask is drawn differs: torch's CPU ``bernoulli_`` draws one uniform double per element; here
+a mask is one int32 ``random_()`` (31 random bits an element) and a comparison, so the drop
+probability is ``round(p * 2**31) / 2**31``, within 2.4e-10 of p. :func:`attention` drops the
+attention probabilities with it: ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` would
+leave its fused CPU kernel for the unfused math path anyway, and that fused kernel's bf16 backward
+is slow. On other devices both fall back to torch's own (fused) kernels. Measured effect per step
+and on the demo: docs/throughput.md.
 """
 
 from __future__ import annotations
