@@ -13,15 +13,16 @@ units a batch) run forward + ``loss.backward()`` (no optimizer: the part dropout
               and ``F.scaled_dot_product_attention(dropout_p=0.1)`` (on the CPU its unfused math path);
 - ``model``:  the model's :mod:`model.dropout` (a 31-bit integer per element, and the explicit
               attention with that mask): what the stages run;
-- ``none``:   dropout 0 everywhere (SDPA's fused kernel): the floor no mask generator can beat.
+- ``none``:   dropout 0 everywhere (the same attention path as ``model``: explicit under a bf16
+              backward, SDPA's fused kernel in fp32): the floor no mask generator can beat.
 
 Rounds rotate the variants after one warm-up round each, so background load hits all alike; the
 table shows each variant's median step time over all timed steps and its ratio to ``torch``.
 Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with native bf16).
 
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
-q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel, the explicit computation of
-``model.dropout.attention``, SDPA with dropout 0.1 (its math path) and the explicit one with the
+q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel,
+:func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path) and the explicit one with the
 model's mask; and one mask from ``bernoulli_`` against :func:`model.dropout.drop_mask`; mean ms
 over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
