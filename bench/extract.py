@@ -33,9 +33,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from pipeline.common.malloc import keep_freed_memory  # noqa: E402  isort: skip
 from pipeline.common.openmp import set_stage_wait_policy  # noqa: E402  isort: skip
 
 set_stage_wait_policy()  # as a stage process waits (before torch loads)
+keep_freed_memory()  # and keeps freed memory
 
 
 def render_images(n: int, height: int, width: int, seed: int = 0):

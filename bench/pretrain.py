@@ -61,9 +61,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pipeline.common.malloc import keep_freed_memory  # isort: skip
 from pipeline.common.openmp import set_stage_wait_policy  # isort: skip
 
 set_stage_wait_policy()  # the OpenMP wait of a stage process (before torch loads), so (c) is the stage's loop
+keep_freed_memory()  # and its malloc settings
 import torch  # noqa: E402  isort: skip
 
 from model.config import UniterConfig

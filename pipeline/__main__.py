@@ -13,6 +13,7 @@ import sys
 import time
 
 from pipeline.common.exiting import exit_now
+from pipeline.common.malloc import keep_freed_memory
 from pipeline.common.openmp import set_stage_wait_policy
 from pipeline.common.runinfo import stage_clock
 from pipeline.stages import STAGES, TOOLS, resolve
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     set_stage_wait_policy()  # before the stage's imports load torch (and libgomp)
+    try:
+        keep_freed_memory()  # a training step's large buffers are reused, not faulted in again each step
+    except ValueError as err:  # a misspelt UNITER_MALLOC
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     parser = build_parser()
     if not argv:
         parser.print_help()
