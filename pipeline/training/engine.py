@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import torch
 
@@ -171,6 +171,10 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
         # one rank: DeepSpeed's gradient all-reduce is an identity (x1 over a group of one) that still
         # flattens, reduces and copies back every gradient; loop.train() calls fill_missing_grads instead
         engine.enable_backward_allreduce = False
+        if s.device.type == "cpu" and s.precision != "bf16":
+            # the clipping DeepSpeed runs for fp32 gradients, same bits, without its per-tensor Python
+            # loop, its all-reduce over one rank and its multiply by exactly 1 when nothing is clipped
+            engine.clip_fp32_gradients = lambda: clip_grad_norm_(engine.module.parameters(), s.grad_clip)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("deepspeed engine: %s, %s, ZeRO-%d, %d rank(s), grad accum %d, %.1fM parameters",
              s.device, s.precision, s.zero_stage, s.world_size, s.grad_accum, n_params / 1e6)
@@ -182,6 +186,24 @@ def autocast_forward(model: torch.nn.Module, precision: Precision, device: torch
     run under bf16 autocast. An instance attribute, so state dicts and checkpoints are unchanged."""
     if precision == "bf16_autocast":
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients by min(1, max_norm / (‖g‖₂ + 1e-6)), ‖g‖₂ over all of them; returns ‖g‖₂.
+
+    On one rank the same bits as DeepSpeed's ``runtime.utils.clip_grad_norm_`` for fp32 gradients
+    (the same per-tensor norms, summed of squares in the same order, the same float32 coefficient),
+    and no pass over the gradients at all when the coefficient is 1 (x * 1 is x). For the CPU: the
+    comparison with 1 reads the coefficient on the host.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.stack(torch._foreach_norm(grads, 2)).pow(2).sum().float().pow(0.5)
+    coef = torch.min(torch.ones(1), torch.tensor([float(max_norm)]) / (total + 1e-6))
+    if coef.item() < 1.0:
+        torch._foreach_mul_(grads, coef.reshape(()))
+    return total
 
 
 def fill_missing_grads(engine) -> None:

@@ -125,3 +125,45 @@ def test_bf16_autocast_losses_match_fp32_on_a_fixed_batch(task):
             assert all(p.dtype == torch.float32 for p in engine.module.parameters())
     assert dtypes == [torch.float32, torch.bfloat16]
     assert losses["bf16_autocast"] == pytest.approx(losses["fp32"], rel=AUTOCAST_LOSS_RTOL), losses
+
+
+@pytest.mark.parametrize("max_norm", [2.0, 1e3])  # clipped, and not (nothing multiplied)
+def test_clipping_gives_deepspeeds_bits(max_norm):
+    """The one-rank CPU clipping against DeepSpeed's own ``clip_grad_norm_`` (its fp32 path) on the
+    same gradients: the same norm and the same gradients, to the bit; parameters without a gradient
+    are skipped by both."""
+    from deepspeed.runtime.utils import clip_grad_norm_ as deepspeeds
+
+    from pipeline.training.engine import clip_grad_norm_
+    from pipeline.training.launch import process_group
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(300, 64), (64,), (7, 5, 3), (1,), (4096,)]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes] + [torch.nn.Parameter(torch.zeros(3))]
+    grads = [torch.randn(s, generator=g) * 10 ** torch.empty(s).uniform_(-3, 1, generator=g) for s in shapes]
+    clones = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    for p, c, grad in zip(params, clones, grads):
+        p.grad, c.grad = grad.clone(), grad.clone()
+    with process_group("cpu"):
+        theirs = deepspeeds(clones, max_norm)
+    ours = clip_grad_norm_(params, max_norm)
+    assert torch.equal(ours.reshape(()), theirs.reshape(())), (ours, theirs)
+    assert (float(ours) > max_norm) == (max_norm == 2.0)
+    for p, c in zip(params, clones):
+        assert torch.equal(p.grad, c.grad)
+    assert params[-1].grad is None
+
+
+def test_the_one_rank_cpu_engine_clips_with_it(monkeypatch):
+    import pipeline.training.engine as engine_module
+    from pipeline.training.launch import process_group
+
+    calls = []
+    real = engine_module.clip_grad_norm_
+    monkeypatch.setattr(engine_module, "clip_grad_norm_", lambda params, max_norm: calls.append(max_norm) or
+                        real(params, max_norm))
+    with process_group("cpu"):
+        engine = engine_module.initialize(torch.nn.Linear(3, 1), settings(world_size=1, zero_stage=0, grad_accum=1))
+        engine.backward(engine(torch.ones(2, 3)).sum())
+        engine.step()
+    assert calls == [engine.gradient_clipping()] and calls[0] > 0
