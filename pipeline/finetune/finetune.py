@@ -226,8 +226,10 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
 
 def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
     """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
+    from pipeline.common.malloc import keep_freed_memory
     from pipeline.training.launch import LAUNCH_ENV
 
+    keep_freed_memory()  # as the stage process did: malloc's settings are not inherited by a spawned child
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [{init}]: %(message)s")
     torch.set_num_threads(threads)
     for key in LAUNCH_ENV:  # inherited from the parent's one-rank group: this process is a group of its own

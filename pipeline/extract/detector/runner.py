@@ -150,7 +150,9 @@ def _init_spawned_worker(settings: ExtractSettings, gpu_queue=None) -> None:
     """:func:`_init_worker` in a pool's own process, which then ends without the interpreter's
     teardown (~1.5 s with torch and detectron2 loaded, which the pool's shutdown waits for)."""
     from pipeline.common.exiting import end_at_interpreter_exit
+    from pipeline.common.malloc import keep_freed_memory
 
+    keep_freed_memory()  # as the stage process did: malloc's settings are not inherited by a spawned child
     _init_worker(settings, gpu_queue)
     end_at_interpreter_exit()
 
