@@ -12,7 +12,8 @@ third row started from the region type (UNITER's ``use_img_type``, data/nlvr2.py
 The classifier (``head=``): ``linear`` (UNITER's ``nlvr2_output``: one Linear to the 2 classes) or
 ``mlp`` (this project's alternative: Linear -> GELU -> LayerNorm -> Linear). pair_biattn's
 attention layers, fusion (Linear + ReLU + dropout) and attention pooling (ReLU(Linear) scores,
-dropout on the weights) follow the reference's ``UniterForNlvr2PairedAttn``.
+dropout on the weights) follow the reference's ``UniterForNlvr2PairedAttn``; every dropout here
+draws its masks as the encoder's does (:mod:`model.dropout`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import IMAGE_TYPE, UniterConfig
-from model.dropout import Dropout
+from model.dropout import Dropout, attention
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
 __all__ = ["LEFT_IMAGE_TYPE", "NLVR2_HEADS", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
@@ -48,18 +49,39 @@ class AttentionPool(nn.Module):
         return torch.einsum("bl,blh->bh", self.dropout(weights), x)
 
 
+class CrossAttention(nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` (batch first; same parameters and state dict) whose attention runs
+    through :func:`model.dropout.attention`, so its dropout draws as the encoder's does."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float):
+        super().__init__(hidden_size, num_heads, dropout=dropout, batch_first=True)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
+                key_padding_mask: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, None]:
+        """query [B, Lq, H], key/value [B, Lk, H], key_padding_mask bool [B, Lk] (True = padding)
+        -> ([B, Lq, H], None): the attention weights are never returned."""
+        if need_weights:
+            raise ValueError("CrossAttention does not return attention weights")
+        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        b, length, hidden = query.shape
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H / heads]
+            return x.view(b, -1, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(F.linear(query, w_q, b_q)), heads(F.linear(key, w_k, b_k)), heads(F.linear(value, w_v, b_v))
+        out = attention(q, k, v, ~key_padding_mask[:, None, None, :], self.dropout if self.training else 0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, length, hidden)), None
+
+
 class BiAttention(nn.Module):
     """Left attends to right and right to left; each result is fused with its own sequence."""
 
     def __init__(self, config: UniterConfig):
         super().__init__()
         h = config.hidden_size
-        self.left_to_right = nn.MultiheadAttention(
-            h, config.num_heads, dropout=config.attention_dropout, batch_first=True
-        )
-        self.right_to_left = nn.MultiheadAttention(
-            h, config.num_heads, dropout=config.attention_dropout, batch_first=True
-        )
+        self.left_to_right = CrossAttention(h, config.num_heads, config.attention_dropout)
+        self.right_to_left = CrossAttention(h, config.num_heads, config.attention_dropout)
         self.fuse = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), Dropout(config.hidden_dropout))
         self.pool = AttentionPool(h, config.attention_dropout)
 

@@ -107,3 +107,31 @@ def test_bf16_training_attention_is_explicit_and_close_to_fp32():
     torch.testing.assert_close(low[0].grad.float(), q32.grad, rtol=0.05, atol=0.05)
     with torch.no_grad():  # inference keeps SDPA's fused kernel
         assert torch.equal(attention(*low, mask, 0.0), F.scaled_dot_product_attention(*low, attn_mask=mask))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_nlvr2_cross_attention_is_torchs_multihead_attention_where_nothing_is_dropped(training):
+    """NLVR2's bi-attention layers: the same parameters, state dict and outputs as
+    ``nn.MultiheadAttention`` (with a key padding mask), with dropout 0 or in eval mode; with dropout
+    they drop with the model's masks (seeded like torch's)."""
+    from model.tasks.nlvr2 import CrossAttention
+
+    torch.manual_seed(0)
+    ours = CrossAttention(64, 4, dropout=0.0)
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(64, 4, dropout=0.0, batch_first=True)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+    ours.train(training), theirs.train(training)
+    query, key = torch.randn(3, 7, 64), torch.randn(3, 9, 64)
+    padding = torch.zeros(3, 9, dtype=torch.bool)
+    padding[1, 6:] = padding[2, 2:] = True
+    got, none = ours(query, key, key, key_padding_mask=padding, need_weights=False)
+    want, _ = theirs(query, key, key, key_padding_mask=padding, need_weights=False)
+    assert none is None and torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    dropping = CrossAttention(64, 4, dropout=0.5).train()
+    torch.manual_seed(1)
+    first, _ = dropping(query, key, key, key_padding_mask=padding)
+    torch.manual_seed(1)
+    again, _ = dropping(query, key, key, key_padding_mask=padding)
+    assert torch.equal(first, again) and not torch.allclose(first, dropping.eval()(query, key, key, padding)[0])
