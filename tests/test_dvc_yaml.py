@@ -29,6 +29,8 @@ PLUMBING = {
     "pipeline/__init__.py", "pipeline/__main__.py", "pipeline/params/parser.py", "pipeline/stages.py",
     "pipeline/common/runinfo.py", "pipeline/common/ownership.py", "pipeline/common/progress.py",
     "pipeline/common/exiting.py", "model/__init__.py",
+    # malloc's settings in spawned children: where memory comes from, never a bit of an output
+    "pipeline/common/malloc.py",
 }
 PLUMBING_DIRS = ("pipeline/params/",)
 
