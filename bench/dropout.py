@@ -68,6 +68,24 @@ def torch_dropout():
         model.dropout.dropout, model.layers.attention = saved
 
 
+def model_and_batches(args: argparse.Namespace) -> tuple[torch.nn.Module, list[dict], str, str]:
+    """params.yaml's pretraining model (seed 0, UNITER's dropout 0.1, training mode, the stages' CPU
+    precision) and ``args.steps`` synthetic batches of ``args.batch`` rows, TASKS cycled; returns
+    (model, batches, precision, preset). Shared with bench/malloc.py."""
+    params = load_params(Path(__file__).resolve().parent.parent / "params.yaml")
+    precision = resolve_precision("auto", torch.device("cpu"))
+    cfg = UniterConfig.from_preset(params.model.preset, dropout=0.1)
+    torch.manual_seed(0)
+    net = UniterForPretraining(cfg, img_dim=MINI_FEATURE_DIM, num_classes=MINI_NUM_CLASSES, wra_weight=0.1)
+    autocast_forward(net, precision, torch.device("cpu"))
+    net.train()
+    g = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(TASKS[i % len(TASKS)], batch=args.batch, txt_len=args.txt_len, regions=args.regions,
+                               vocab=cfg.vocab_size, img_dim=MINI_FEATURE_DIM, classes=MINI_NUM_CLASSES, g=g)
+               for i in range(args.steps)]
+    return net, batches, precision, params.model.preset
+
+
 def step(net: torch.nn.Module, batch: dict) -> float:
     """One forward + backward; seconds."""
     t = time.perf_counter()
@@ -123,17 +141,7 @@ def main() -> int:
     if args.attention:
         attention_table(args.steps * args.rounds)
         return 0
-    params = load_params(Path(__file__).resolve().parent.parent / "params.yaml")
-    precision = resolve_precision("auto", torch.device("cpu"))
-    cfg = UniterConfig.from_preset(params.model.preset, dropout=0.1)
-    torch.manual_seed(0)
-    net = UniterForPretraining(cfg, img_dim=MINI_FEATURE_DIM, num_classes=MINI_NUM_CLASSES, wra_weight=0.1)
-    autocast_forward(net, precision, torch.device("cpu"))
-    net.train()
-    g = torch.Generator().manual_seed(0)
-    batches = [synthetic_batch(TASKS[i % len(TASKS)], batch=args.batch, txt_len=args.txt_len, regions=args.regions,
-                               vocab=cfg.vocab_size, img_dim=MINI_FEATURE_DIM, classes=MINI_NUM_CLASSES, g=g)
-               for i in range(args.steps)]
+    net, batches, precision, preset = model_and_batches(args)
     units = statistics.mean(int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches)
 
     def run(name: str) -> list[float]:
@@ -149,7 +157,7 @@ def main() -> int:
             t = run(name)
             if r > 0:  # round 0 warms up (allocator, kernels)
                 times[name] += t
-    print(f"preset {params.model.preset}, {precision}, {torch.get_num_threads()} threads, batch {args.batch} x "
+    print(f"preset {preset}, {precision}, {torch.get_num_threads()} threads, batch {args.batch} x "
           f"(<= {args.txt_len} words + <= {args.regions} regions, {units:.0f} real units), tasks {list(TASKS)}; "
           f"{args.rounds} rounds x {args.steps} steps")
     base = statistics.median(times["torch"])

@@ -36,29 +36,15 @@ WORKERS = {"glibc": {"UNITER_MALLOC": "system"}, "kept": {"UNITER_MALLOC": "keep
 def worker(args: argparse.Namespace) -> int:
     """Build the model and batches, then run ``--steps`` steps per line read from stdin; reply with JSON."""
     sys.path.insert(0, str(ROOT))
-    from bench.pretrain import MINI_FEATURE_DIM, MINI_NUM_CLASSES, synthetic_batch  # keeps freed memory or not
+    from bench.dropout import model_and_batches  # bench.pretrain, imported by it, keeps freed memory or not
 
     import torch
 
-    from model.config import UniterConfig
-    from model.pretraining import UniterForPretraining
-    from pipeline.params.parser import load_params
-    from pipeline.training.engine import autocast_forward, param_groups, resolve_precision
+    from pipeline.training.engine import param_groups
 
     torch.set_num_threads(args.threads)
-    params = load_params(ROOT / "params.yaml")
-    precision = resolve_precision("auto", torch.device("cpu"))
-    cfg = UniterConfig.from_preset(params.model.preset, dropout=0.1)
-    torch.manual_seed(0)
-    net = UniterForPretraining(cfg, img_dim=MINI_FEATURE_DIM, num_classes=MINI_NUM_CLASSES, wra_weight=0.1)
-    autocast_forward(net, precision, torch.device("cpu"))
-    net.train()
+    net, batches, precision, _ = model_and_batches(args)
     optim = torch.optim.AdamW(param_groups(net, 0.01), lr=1e-5, betas=(0.9, 0.98), eps=1e-6, fused=True)
-    tasks = ("mlm", "mrfr", "mrc_kl", "itm")
-    g = torch.Generator().manual_seed(0)
-    batches = [synthetic_batch(tasks[i % len(tasks)], batch=args.batch, txt_len=args.txt_len, regions=args.regions,
-                               vocab=cfg.vocab_size, img_dim=MINI_FEATURE_DIM, classes=MINI_NUM_CLASSES, g=g)
-               for i in range(args.steps)]
     print(json.dumps({"ready": precision}), flush=True)
     for _ in sys.stdin:
         times, losses = [], []
