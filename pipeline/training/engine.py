@@ -173,8 +173,10 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
         engine.enable_backward_allreduce = False
         if s.device.type == "cpu" and s.precision != "bf16":
             # the clipping DeepSpeed runs for fp32 gradients, same bits, without its per-tensor Python
-            # loop, its all-reduce over one rank and its multiply by exactly 1 when nothing is clipped
-            engine.clip_fp32_gradients = lambda: clip_grad_norm_(engine.module.parameters(), s.grad_clip)
+            # loop, its all-reduce over one rank and its multiply by exactly 1 when nothing is clipped;
+            # the bound is the engine's own (its config's gradient_clipping), as DeepSpeed's clip reads it
+            engine.clip_fp32_gradients = lambda: clip_grad_norm_(engine.module.parameters(),
+                                                                 engine.gradient_clipping())
     n_params = sum(p.numel() for p in model.parameters())
     log.info("deepspeed engine: %s, %s, ZeRO-%d, %d rank(s), grad accum %d, %.1fM parameters",
              s.device, s.precision, s.zero_stage, s.world_size, s.grad_accum, n_params / 1e6)
