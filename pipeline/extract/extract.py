@@ -159,7 +159,7 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
         workers = cfg.workers or len(os.sched_getaffinity(0))
     settings = ExtractSettings(preset=cfg.detector, weights=str(weights), weights_digest=file_digest(weights),
                                device=device, batch_size=cfg.batch_size, conf_th=cfg.conf_th,
-                               min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes,
+                               min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes, proposals=cfg.proposals,
                                amp=None if cfg.amp == "none" else cfg.amp)
     return settings, workers
 

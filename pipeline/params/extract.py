@@ -39,12 +39,18 @@ class ExtractConfig:
     conf_th: float = bounded(0.2, 0, 1)  # class confidence a kept box needs (min_boxes are kept anyway)
     min_boxes: int = bounded(10, 0, 1000)
     max_boxes: int = bounded(100, 1, 1000)
+    # RPN proposals per image that the res5 head scores (most of extraction's compute); null: the
+    # detector's own (300 butd_r101, 100 mini). The kept regions are chosen among them
+    proposals: int | None = bounded(None, 1, 100_000)
     train: DetectorTrainConfig = field(default_factory=DetectorTrainConfig)
 
     def problems(self) -> list[tuple[str, str]]:
         """Keys of this section that are wrong, as (key, message); the parser raises on them."""
         few = f"must be >= extract.min_boxes ({self.min_boxes}), got {self.max_boxes}"
+        too_few_proposals = self.proposals is not None and self.proposals < self.min_boxes
         return checked(sources=subset_problem(self.sources, IMAGE_SOURCES),
                        max_boxes=few if self.max_boxes < self.min_boxes else None,
+                       proposals=f"must be >= extract.min_boxes ({self.min_boxes}): the kept regions are chosen "
+                       f"among the proposals, got {self.proposals}" if too_few_proposals else None,
                        weights="butd_r101 has no weights of its own: set extract.weights to its file"
                        if self.detector == "butd_r101" and self.weights is None else None)

@@ -56,8 +56,10 @@ def build_model(preset: str, *, num_classes: int | None = None, image_size: int 
     return model.to(device).eval(), cfg
 
 
-def load_detector(preset: str, weights: Path | str, *, device: str | torch.device = "cpu") -> Detector:
-    """Build ``preset`` and load ``weights`` strictly.
+def load_detector(preset: str, weights: Path | str, *, device: str | torch.device = "cpu",
+                  proposals: int | None = None) -> Detector:
+    """Build ``preset`` and load ``weights`` strictly; ``proposals``: the RPN's proposals per image
+    at inference (None: the preset's).
 
     ``mini``: a ``train_detector`` checkpoint, whose ``meta`` carries the class names and image
     size. ``butd_r101``: the caffe-converted bottom-up-attention file (``.pkl``) or a torch file
@@ -65,6 +67,7 @@ def load_detector(preset: str, weights: Path | str, *, device: str | torch.devic
     ``attributes_vocab.txt`` next to it when present.
     """
     weights = Path(weights)
+    overrides = () if proposals is None else ("MODEL.RPN.POST_NMS_TOPK_TEST", proposals)
     if preset == "mini":
         _, meta = read_state(weights)
         missing = [k for k in MINI_META_KEYS if k not in meta]
@@ -72,12 +75,13 @@ def load_detector(preset: str, weights: Path | str, *, device: str | torch.devic
             raise CheckpointError(f"{weights}: not a mini detector checkpoint (meta lacks {missing or 'preset=mini'}); "
                                   "run `python -m pipeline train_detector` first")
         class_names = [str(n) for n in meta["class_names"]]
-        model, cfg = build_model("mini", num_classes=len(class_names), image_size=int(meta["image_size"]))
+        model, cfg = build_model("mini", num_classes=len(class_names), image_size=int(meta["image_size"]),
+                                 overrides=overrides)
         attribute_names: list[str] = []
     else:
         class_names = vocab_names(weights, "objects_vocab.txt", BUTD_NUM_CLASSES, "vg_object")
         attribute_names = vocab_names(weights, "attributes_vocab.txt", BUTD_NUM_ATTRIBUTES, "vg_attribute")
-        model, cfg = build_model(preset)
+        model, cfg = build_model(preset, overrides=overrides)
     load_weights(model, weights)
     return Detector(model=model.to(device).eval(), cfg=cfg, preset=preset, class_names=class_names,
                     attribute_names=attribute_names, weights=weights)

@@ -66,11 +66,14 @@ class ExtractSettings:
     # reductions split differently), so it is fixed: parallelism comes from worker processes,
     # and the bytes do not depend on how many workers ran.
     threads: int = 1
+    proposals: int | None = None  # RPN proposals per image; None: the preset's
 
     def digest(self) -> str:
         """What the shard bytes depend on (everything but ``threads``, which is fixed)."""
         keys = ("preset", "weights_digest", "device", "batch_size", "conf_th", "min_boxes", "max_boxes", "amp")
         payload = {k: getattr(self, k) for k in keys}
+        if self.proposals is not None:  # only when set: the shards of the preset's count keep their digest
+            payload["proposals"] = self.proposals
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -141,7 +144,7 @@ def _init_worker(settings: ExtractSettings, gpu_queue=None) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = False
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.amp or "")
-    detector = load_detector(settings.preset, settings.weights, device=device)
+    detector = load_detector(settings.preset, settings.weights, device=device, proposals=settings.proposals)
     _WORKER["extractor"] = RegionExtractor(detector, conf_th=settings.conf_th, min_boxes=settings.min_boxes,
                                            max_boxes=settings.max_boxes, batch_size=settings.batch_size, amp=amp)
 

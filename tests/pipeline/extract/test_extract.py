@@ -154,6 +154,25 @@ def test_a_stale_shard_is_recomputed(world, tmp_path):
     assert record["counts"]["shards_skipped"] == 0
 
 
+def test_the_regions_are_chosen_among_extract_proposals(world, tmp_path):
+    """``extract.proposals`` caps what the res5 head scores: no image keeps more regions than that,
+    and the shards of another count are not reused."""
+    data = tmp_path / "data"
+    copy_manifests(world, data)
+    run(params_for(data, world["weights"], "extract.min_boxes=2", "extract.proposals=3"), "nlvr2")
+    out = data / "features" / "nlvr2"
+    shard = read_shard(out / "shard-00000.safetensors")
+    kept = [len(shard.image(j)["conf"]) for j in range(len(shard.image_ids))]
+    assert kept and all(2 <= n <= 3 for n in kept), kept
+    record = json.loads((out / "_run.json").read_text())
+    assert record["settings"]["proposals"] == 3
+    run(params_for(data, world["weights"], "extract.min_boxes=2"), "nlvr2")  # the detector's own count
+    record = json.loads((out / "_run.json").read_text())
+    assert record["counts"]["shards_skipped"] == 0 and record["settings"]["proposals"] is None
+    shard = read_shard(out / "shard-00000.safetensors")
+    assert max(len(shard.image(j)["conf"]) for j in range(len(shard.image_ids))) > 3
+
+
 def test_unknown_item_is_an_error(world):
     with pytest.raises(ValueError, match="unknown item 'imagenet'"):
         run(params_for(world["data"], world["weights"]), "imagenet")
