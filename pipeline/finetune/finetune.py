@@ -11,8 +11,10 @@ pretraining stage fitted it) with the same steps and data order, so the pretrain
 Writes, per task:
 - ``data/models/<task>/``: ``model.safetensors`` (the fine-tuned model, pretrained start),
   ``model_config.json``, ``eval.json`` (every metric of both starts, zero-shot, chance levels),
-  task files (VQA: predictions in the submission format), ``_run.json`` (counts and timings);
-- ``data/metrics/<task>.json``: the summary metrics of both starts, the gain and chance levels;
+  task files (VQA: predictions in the submission format), ``item_scores.json`` (each start's score
+  of every item of each summary metric), ``_run.json`` (counts and timings);
+- ``data/metrics/<task>.json``: the summary metrics of both starts, the gain with its paired
+  cluster-bootstrap interval (``pipeline.finetune.paired``) and chance levels;
 - ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
 """
 
@@ -35,6 +37,7 @@ from model.config import UniterConfig
 from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.finetune.paired import paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
@@ -46,6 +49,7 @@ from pipeline.training.launch import DistInfo, process_group
 log = logging.getLogger(__name__)
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+ITEMS_FILE = "item_scores.json"  # per start, per summary metric: pipeline.finetune.paired.item_scores
 
 
 def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
@@ -243,7 +247,8 @@ def _train_start_child(params: Params, name: str, init: str, threads: int, preci
 
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
-    """``data/metrics/<task>.json``: per summary metric the pretrained and scratch scores, gain, chance."""
+    """``data/metrics/<task>.json``: per summary metric the pretrained and scratch scores, the gain and,
+    where both starts scored the same items, its interval (``gain_interval``: ``paired.paired_gain``), chance."""
     summary = {}
     for label, key in task.summary:
         entry: dict[str, Any] = {"label": label, "chance": chance.get(key)}
@@ -253,6 +258,9 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
                 entry["zero_shot"] = lookup(outcome.zero_shot, key)
         if "scratch" in entry and entry["pretrained"] is not None and entry["scratch"] is not None:
             entry["gain"] = round(entry["pretrained"] - entry["scratch"], 4)
+            paired = [outcomes[i].items.get(key) for i in ("pretrained", "scratch")]
+            if all(p and p["ids"] for p in paired):  # a split without labelled items has no interval
+                entry["gain_interval"] = paired_gain(*paired)
         summary[key] = entry
     record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
                               "chance": dict(sorted(chance.items()))}
@@ -281,6 +289,7 @@ def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
     from pipeline.training.checkpointing import save_safetensors
 
     task, outcomes, record = setup.task, result.outcomes, result.record
+    summary_keys = list(record["summary"])
     data, name = Path(params.paths.data), task.name
     pretrained = outcomes["pretrained"]
     run = RunRecord(f"finetune@{name}", task_digest(params, name))
@@ -306,6 +315,9 @@ def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
         atomic_write_json(tmp / "eval.json", {**record, "last_train": last_train})
         for file_name, content in sorted(pretrained.artifacts.items()):
             atomic_write_json(tmp / file_name, content)
+        # what the gain's interval was drawn from, for anyone who wants another test of the same scores
+        atomic_write_json(tmp / ITEMS_FILE, {i: {k: o.items[k] for k in summary_keys if k in o.items}
+                                             for i, o in outcomes.items()})
         run.write(tmp)
     # dvclive curves (with throughput, so not byte-stable) live beside the metrics file, as pretraining's do
     for init in outcomes:

@@ -67,6 +67,7 @@ class RunOutcome:
     resumed_from_step: int
     timings_s: dict[str, float]
     state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
+    items: dict[str, dict[str, list]] = field(repr=False, default_factory=dict)  # EvalResult.items
 
 
 def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Module:
@@ -119,7 +120,8 @@ def _load_result(work_dir: Path, init: Init) -> RunOutcome:
     return RunOutcome(init=init, metrics=record["metrics"], zero_shot=record["zero_shot"],
                       artifacts=record["artifacts"], last_train=record["last_train"],
                       resumed_from_step=record["resumed_from_step"], timings_s=record["timings_s"],
-                      state=load_file(str(work_dir / RESULT_DIR / MODEL_FILE)))
+                      state=load_file(str(work_dir / RESULT_DIR / MODEL_FILE)),
+                      items=record.get("items", {}))  # a result kept by a version without item scores
 
 
 def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
@@ -188,7 +190,7 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     timings["total"] = round(time.perf_counter() - started, 3)
     run = RunOutcome(init=plan.init, metrics=outcome.metrics, zero_shot=zero_shot, artifacts=outcome.artifacts,
                      last_train=result.last_train, resumed_from_step=result.start_step, timings_s=timings,
-                     state=state)
+                     state=state, items=outcome.items)
     if dist.is_main:
         _store_result(plan.work_dir, run, stage=f"finetune@{task.name}")
     log.info("%s (%s start): %d steps in %.0fs (resumed from step %d), eval %.0fs: %s", task.name, plan.init,
@@ -202,7 +204,8 @@ def _store_result(work_dir: Path, run: RunOutcome, *, stage: str) -> None:
     from pipeline.training.checkpointing import save_safetensors
 
     record = {"metrics": run.metrics, "zero_shot": run.zero_shot, "artifacts": run.artifacts,
-              "last_train": run.last_train, "resumed_from_step": run.resumed_from_step, "timings_s": run.timings_s}
+              "last_train": run.last_train, "resumed_from_step": run.resumed_from_step, "timings_s": run.timings_s,
+              "items": run.items}
     with atomic_dir(work_dir / RESULT_DIR, stage=stage) as tmp:
         save_safetensors(run.state, tmp / MODEL_FILE)
         atomic_write_json(tmp / RESULT_FILE, record)

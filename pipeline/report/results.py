@@ -67,6 +67,7 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         for key, entry in record["summary"].items():
             row = {"task": task, "metric": key, "label": entry["label"], "steps": record.get("steps"),
                    "split": split_kind(task, key), **{c: entry.get(c) for c in COLUMNS}}
+            row["gain_interval"] = entry.get("gain_interval")  # pipeline.finetune.paired.paired_gain
             row["ceiling"] = ceiling(record, key)
             row["at_ceiling"] = row["scratch"] is not None and row["scratch"] > row["ceiling"] - CEILING_HEADROOM
             rows.append(row)
@@ -131,6 +132,13 @@ def _first_phase(first: Mapping[str, Any] | None) -> str:
     return f" (steps 1-{first['steps']}: {_tasks(first['mix_ratio'])}{dropout})"
 
 
+def _interval(interval: Mapping[str, Any] | None) -> str:
+    """``[low, high] (items / groups)`` of a ``paired_gain`` record, "–" without one."""
+    if not interval:
+        return "–"
+    return f"[{interval['low']:+.2f}, {interval['high']:+.2f}] ({interval['items']} / {interval['groups']})"
+
+
 def _fmt(value: Any, signed: bool = False) -> str:
     if value is None:
         return "–"
@@ -148,21 +156,31 @@ def render_markdown(results: Mapping[str, Any]) -> str:
              "pretrained model; *scratch*: the same fine-tuning (same steps, data order and head initialization) "
              "from a non-pretrained start; *zero-shot*: the pretrained model before any fine-tuning; *chance*: "
              "a trivial predictor (majority answer, uniform choice or random ranking).", "",
-             "| task | metric | steps | pretrained | scratch | gain | zero-shot | chance |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| task | metric | steps | pretrained | scratch | gain | 95% interval (items / groups) | zero-shot "
+             "| chance |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results["rows"]:
         mark = " (at ceiling)" if r.get("at_ceiling") else ""
         mark += DEV_MARK if r.get("split") == "dev" else ""
         mark += SEEN_MARK if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ()) else ""
         lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {_fmt(r['steps'])} "
                      f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} | {_fmt(r['gain'], True)} "
-                     f"| {_fmt(r['zero_shot'])} | {_fmt(r['chance'])} |")
+                     f"| {_interval(r.get('gain_interval'))} | {_fmt(r['zero_shot'])} | {_fmt(r['chance'])} |")
     m = results["meta_sum"]
     lines.append(f"| **Meta-Sum** | sum of the {m['terms']} scores above | | **{_fmt(m['pretrained'])}** "
-                 f"| {_fmt(m['scratch'])} | {_fmt(m.get('gain'), True)} | | {_fmt(m['chance'])} |")
+                 f"| {_fmt(m['scratch'])} | {_fmt(m.get('gain'), True)} | | | {_fmt(m['chance'])} |")
     lines += ["", "The Meta-Sum adds every row (retrieval contributes image and text R@1, as in UNITER's Table 2, "
               "which sums VQA, IR, TR, NLVR2 and RefCOCO+; VCR and SNLI-VE are added here), so it compares runs "
               "of this pipeline with each other, not with the paper's numbers."]
+    intervals = [r["gain_interval"] for r in results["rows"] if r.get("gain_interval")]
+    if intervals:
+        level = f"{100 * intervals[0]['level']:g}%"
+        lines += ["", f"*{level} interval*: of the gain, from both starts' scores of the same test items "
+                  f"(`data/models/<task>/item_scores.json`) by a paired bootstrap ({intervals[0]['resamples']:,} "
+                  "resamples, seeded) that resamples *groups*, the images an item is about (an NLVR2 pair is one "
+                  "group), because the items of one image are not independent. An interval that holds 0 means "
+                  "the split does not resolve the gain; its half-width is the smallest difference the split can "
+                  "tell from noise."]
     dev_tasks = sorted({r["task"] for r in results["rows"] if r.get("split") == "dev"})
     if dev_tasks:
         lines += ["", f"*{DEV_MARK.strip(' ()')}*: {', '.join(dev_tasks)} scored on the dev split, the split "

@@ -235,6 +235,17 @@ def test_fresh_repro_runs_every_stage_and_writes_every_output(tiny_runs):
     assert "changed" not in dvc(["status"], repo)
 
 
+def test_the_gain_interval_resamples_the_images_an_item_is_about(tiny_runs):
+    """NLVR2's statements are grouped by their image pair, a Flickr text query by its image."""
+    repo = tiny_runs["a"][0]
+    nlvr2 = json.loads((repo / "data/models/nlvr2/item_scores.json").read_text())["pretrained"]["test/accuracy"]
+    assert all(len(g.split("|")) == 2 for g in nlvr2["groups"])
+    assert len(set(nlvr2["groups"])) < len(nlvr2["ids"])  # several statements per pair
+    flickr = json.loads((repo / "data/models/retrieval_flickr/item_scores.json").read_text())["pretrained"]
+    assert set(flickr["test/ir_r1"]["groups"]) == set(flickr["test/tr_r1"]["groups"])
+    assert len(flickr["test/ir_r1"]["ids"]) > len(flickr["test/tr_r1"]["ids"])
+
+
 def _image_keys(table) -> set[tuple[str, str]]:
     keys = set(zip(table.column("image_source").to_pylist(), map(str, table.column("image_id").to_pylist())))
     if "image_id_2" in table.column_names:  # NLVR2: the right image too
@@ -373,7 +384,11 @@ def test_every_task_beats_chance_and_the_non_pretrained_start(default_run):
     refs = {(r["task"], r["metric"]): f", {r['reference']} {r['value']}" for r in results.get("references", [])}
     # a row at its ceiling (the non-pretrained start within CEILING_HEADROOM of the class oracle, or
     # of 100) has no room for a gain: there only chance + 5 is asked (results.md marks the row)
+    # the gain's paired interval goes in too: it says whether the split could resolve the margin at all
+    spread = {(r["task"], r["metric"]): f", gain {r['gain_interval']['gain']:+.2f} in [{r['gain_interval']['low']:+.2f}, "
+              f"{r['gain_interval']['high']:+.2f}]" for r in results["rows"] if r.get("gain_interval")}
     short = [f"{r['task']} {r['metric']}: {r['pretrained']} vs scratch {r['scratch']}, chance {r['chance']}"
+             f"{spread.get((r['task'], r['metric']), '')}"
              f"{refs.get((r['task'], r['metric']), '')}{' (at ceiling)' if r['at_ceiling'] else ''}"
              for r in results["rows"]
              if r["pretrained"] < max(r["chance"] + CHANCE_MARGIN,

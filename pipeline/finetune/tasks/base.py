@@ -9,7 +9,7 @@ The runner (``pipeline.finetune.runner``) does the rest the same way for all six
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -20,6 +20,7 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
+from pipeline.finetune.paired import group_key, item_scores
 from pipeline.finetune.tasks.rows import Regions, TaskDataset, collate_rows
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, TaskConfig, TaskSplits
 from pipeline.stores.readers import ImageDbGroup, TextDb
@@ -49,10 +50,13 @@ class TaskContext:
 @dataclass
 class EvalResult:
     """``metrics``: {split: {name: value}} (accuracies and recalls in percent); ``artifacts``: files
-    to write beside the model ({file name: JSON-ready object}, e.g. VQA predictions)."""
+    to write beside the model ({file name: JSON-ready object}, e.g. VQA predictions); ``items``: the
+    per-item scores of each headline metric on each scored split ({"split/metric":
+    ``pipeline.finetune.paired.item_scores``}), from which the gain's interval is drawn."""
 
     metrics: dict[str, dict[str, Any]]
     artifacts: dict[str, Any]
+    items: dict[str, dict[str, list]] = field(default_factory=dict)
 
 
 class FinetuneTask:
@@ -238,6 +242,13 @@ def pooled(splits: tuple[str, ...]) -> str:
 def percent(correct: float, total: int) -> float:
     """100 * correct / total, rounded to 4 decimals (0.0 for an empty split)."""
     return round(100.0 * float(correct) / total, 4) if total else 0.0
+
+
+def scored_items(db: TextDb, scores: Mapping[str, float]) -> dict[str, list]:
+    """``item_scores`` of ``scores`` ({example id of ``db``: score in [0, 1]}), each example grouped
+    by the images it is about (``db.txt2img``), in id order."""
+    ids = sorted(scores)
+    return item_scores(ids, [group_key(db.txt2img[e]) for e in ids], [scores[e] for e in ids])
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches
 
 
@@ -37,21 +37,24 @@ class ClassificationTask(FinetuneTask):
     def held_out_dataset(self, stream: str) -> TaskDataset:
         return self.dataset(self.dev_split)
 
-    def correct(self, model: nn.Module, dataset: TaskDataset, device: torch.device) -> int:
-        """Items whose argmax class (logits [items, classes]) equals their target."""
-        hits = 0
+    def hits(self, model: nn.Module, dataset: TaskDataset, device: torch.device) -> dict[str, float]:
+        """{example id: 1.0 when its argmax class (logits [items, classes]) equals its target, else 0.0}."""
+        out: dict[str, float] = {}
         batches = eval_batches(dataset, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens)
-        for batch, out in predict(model, batches, device):
-            hits += int((out.logits.argmax(-1).cpu() == batch["targets"]).sum())
-        return hits
+        for batch, result in predict(model, batches, device):
+            right = (result.logits.argmax(-1).cpu() == batch["targets"]).tolist()
+            out.update((e, float(ok)) for e, ok in zip(batch["ids"], right))
+        return out
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        """``{split: {"accuracy": percent, "examples": n}}`` for dev and test; no artifacts."""
-        metrics = {}
+        """``{split: {"accuracy": percent, "examples": n}}`` for dev and test, with per-item scores; no artifacts."""
+        metrics, items = {}, {}
         for split in self.splits.scored:
             ds = self.dataset(split)
-            metrics[split] = {"accuracy": percent(self.correct(model, ds, device), len(ds)), "examples": len(ds)}
-        return EvalResult(metrics=metrics, artifacts={})
+            hits = self.hits(model, ds, device)
+            metrics[split] = {"accuracy": percent(sum(hits.values()), len(ds)), "examples": len(ds)}
+            items[f"{split}/accuracy"] = scored_items(ds.db, hits)
+        return EvalResult(metrics=metrics, artifacts={}, items=items)
 
     def chance(self) -> dict[str, float]:
         """Always answering the most frequent training label: ``{"<split>/accuracy": percent}``."""

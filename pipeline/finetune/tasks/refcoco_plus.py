@@ -23,7 +23,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForRefExp
-from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches, row, text_row
 
 MODES = ("gt", "det")
@@ -118,25 +118,33 @@ class RefcocoPlusTask(FinetuneTask):
     def build_model(self, config: UniterConfig, *, img_dim: int) -> nn.Module:
         return UniterForRefExp(config, img_dim=img_dim)
 
-    def hits(self, model: nn.Module, split: str, mode: str, device: torch.device) -> tuple[int, int]:
-        """(expressions whose picked box hits the target, expressions) of ``split`` over ``mode``'s boxes."""
+    def hits(self, model: nn.Module, split: str, mode: str, device: torch.device) -> dict[str, float]:
+        """{expression id: 1.0 when its picked box hits the target, else 0.0} of ``split`` over ``mode``'s boxes."""
         ds = self.dataset(split, mode)
-        hits = 0
+        hits: dict[str, float] = {}
         for batch, out in predict(model, eval_batches(ds, self.collate, batch_tokens=self.ctx.cfg.eval_batch_tokens),
                                   device):
-            for pick, boxes, target in zip(out.logits.argmax(-1).tolist(), batch["boxes"], batch["target_boxes"]):
-                hits += int(box_iou(boxes[pick], target)[0, 0] >= IOU_THRESHOLD)
-        return hits, len(ds)
+            for eid, pick, boxes, target in zip(batch["ids"], out.logits.argmax(-1).tolist(), batch["boxes"],
+                                                batch["target_boxes"]):
+                hits[eid] = float(box_iou(boxes[pick], target)[0, 0] >= IOU_THRESHOLD)
+        return hits
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        counts = {(s, m): self.hits(model, s, m, device) for s in self.splits.scored for m in MODES}
+        per_split = {(s, m): self.hits(model, s, m, device) for s in self.splits.scored for m in MODES}
         metrics: dict[str, dict[str, Any]] = {}
+        items: dict[str, dict[str, list]] = {}
         for key, group in self.score_groups():
             for mode in MODES:
-                hits, n = (sum(counts[(s, mode)][k] for s in group) for k in (0, 1))
-                metrics.setdefault(key, {})[f"{mode}_accuracy"] = percent(hits, n)
-                metrics[key][f"{mode}_examples"] = n
-        return EvalResult(metrics=metrics, artifacts={})
+                # pooled splits: an expression is known as "<split>:<id>", so ids never collide across them
+                parts = [scored_items(self.db(f"refcoco_plus_{s}"), per_split[(s, mode)]) for s in group]
+                pooled_items = {name: [v for s, part in zip(group, parts)
+                                       for v in ([f"{s}:{i}" for i in part["ids"]] if name == "ids" else part[name])]
+                                for name in ("ids", "groups", "scores")}
+                hits = sum(pooled_items["scores"])
+                metrics.setdefault(key, {})[f"{mode}_accuracy"] = percent(hits, len(pooled_items["ids"]))
+                metrics[key][f"{mode}_examples"] = len(pooled_items["ids"])
+                items[f"{key}/{mode}_accuracy"] = pooled_items
+        return EvalResult(metrics=metrics, artifacts={}, items=items)
 
     def chance(self) -> dict[str, float]:
         shares: dict[tuple[str, str], list[float]] = {}

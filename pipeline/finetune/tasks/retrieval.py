@@ -24,6 +24,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import TaskOutput, UniterForRetrieval
+from pipeline.finetune.paired import group_key, item_scores
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask
 from pipeline.finetune.tasks.retrieval_eval import RECALL_KS, chance_recall, recall_at_k, streaming_topk
 from pipeline.finetune.tasks.rows import TaskDataset, mix_seed, row, text_row
@@ -139,11 +140,17 @@ class RetrievalTask(FinetuneTask):
         return [e for e, _ in kept], images, [i for _, i in kept]
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        return EvalResult(metrics={s: self.ranking_metrics(model, s, device) for s in self.splits.scored},
-                          artifacts={})
+        metrics, items = {}, {}
+        for split in self.splits.scored:
+            metrics[split], split_items = self.ranking_metrics(model, split, device)
+            items.update({f"{split}/{name}": v for name, v in split_items.items()})
+        return EvalResult(metrics=metrics, artifacts={}, items=items)
 
-    def ranking_metrics(self, model: nn.Module, split: str, device: torch.device) -> dict[str, Any]:
-        """R@1/5/10 both ways and their mean on ``split``, with the numbers of texts and images ranked."""
+    def ranking_metrics(self, model: nn.Module, split: str,
+                        device: torch.device) -> tuple[dict[str, Any], dict[str, dict[str, list]]]:
+        """R@1/5/10 both ways and their mean on ``split``, with the numbers of texts and images ranked;
+        and the per-query R@1 hits (``ir_r1``: one item per caption, ``tr_r1``: one per image), each
+        query grouped by its image."""
         db = self.db(f"{self.db_prefix}_{split}")
         captions, images, image_of = self.eval_texts(split)
         texts = _pad([text_row(self.special, db[e]["input_ids"]) for e in captions])
@@ -178,7 +185,13 @@ class RetrievalTask(FinetuneTask):
         metrics = {**{f"ir_{k}": v for k, v in ir.items()}, **{f"tr_{k}": v for k, v in tr.items()}}
         metrics["r_mean"] = round(sum(metrics.values()) / len(metrics), 4)
         metrics.update(texts=len(captions), images=len(images))
-        return metrics
+        first_text, first_image = t_top[:, 0].tolist(), i_top[:, 0].tolist()
+        items = {
+            "ir_r1": item_scores(captions, [group_key([images[i]]) for i in image_of],
+                                 [float(first_text[t] == i) for t, i in enumerate(image_of)]),
+            "tr_r1": item_scores(images, [group_key([q]) for q in images],
+                                 [float(first_image[i] in captions_of[i]) for i in range(len(images))])}
+        return metrics, items
 
     def chance(self) -> dict[str, float]:
         out = {}

@@ -19,7 +19,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForVcr
-from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict
+from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches, row
 from pipeline.pretrain.vcr_views import vcr_sequence
 
@@ -96,13 +96,15 @@ class VcrTask(FinetuneTask):
         return right, len(ds)
 
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
-        metrics = {}
+        metrics, items = {}, {}
         for split in self.scored_splits():
             qa_right, _ = self.correct_ids(model, "qa", split, device)
             qar_right, _ = self.correct_ids(model, "qar", split, device)
-            metrics[split] = vcr_accuracies(qa_right, qar_right, self.dataset("qa", split).ids,
-                                            self.dataset("qar", split).ids)
-        return EvalResult(metrics=metrics, artifacts={})
+            qa, qar = self.dataset("qa", split), self.dataset("qar", split)
+            metrics[split] = vcr_accuracies(qa_right, qar_right, qa.ids, qar.ids)
+            both = set(qa.ids) & set(qar.ids)
+            items[f"{split}/q2ar"] = scored_items(qa.db, {e: float(e in qa_right and e in qar_right) for e in both})
+        return EvalResult(metrics=metrics, artifacts={}, items=items)
 
     def chance(self) -> dict[str, float]:
         p = 100.0 / NUM_CHOICES

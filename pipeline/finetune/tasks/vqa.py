@@ -23,7 +23,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForVqa
-from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, predict
+from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, collate_rows, eval_batches, row, text_row
 from pipeline.finetune.tasks.vqa_eval import evaluate_predictions, submission
 
@@ -129,7 +129,7 @@ class VqaTask(FinetuneTask):
     def evaluate(self, model: nn.Module, device: torch.device, *, artifacts: bool = True) -> EvalResult:
         """Accuracy on dev (and test when its answers are here); ``artifacts``: the predictions of
         every split in the submission format (the test file is what the evaluation server scores)."""
-        metrics, files = {}, {}
+        metrics, files, items = {}, {}, {}
         for split in self.splits.scored:
             scored = split in self.scored_splits()
             if not (scored or artifacts):
@@ -139,9 +139,16 @@ class VqaTask(FinetuneTask):
                 acc = evaluate_predictions(predicted, self.human_answers(split))
                 metrics[split] = {"accuracy": acc.overall, "questions": acc.questions,
                                   **{f"accuracy_{t.replace('/', '_')}": v for t, v in acc.per_answer_type.items()}}
+                items[f"{split}/accuracy"] = self.question_items(split, acc.per_question)
             if artifacts:
                 files[f"vqa_predictions_{split}.json"] = submission(predicted)
-        return EvalResult(metrics=metrics, artifacts=files)
+        return EvalResult(metrics=metrics, artifacts=files, items=items)
+
+    def question_items(self, split: str, per_question: dict[str, float]) -> dict[str, list]:
+        """Per-item scores of ``split`` (the official accuracy of each question) by example id."""
+        db, known = self.db(f"vqa_{split}"), self._manifest_answers
+        example_of = {known[e]["question_id"]: e for e in db.ids if e in known}
+        return scored_items(db, {example_of[q]: acc for q, acc in per_question.items()})
 
     def chance(self) -> dict[str, float]:
         """Always answering the most frequent training answer, on every scored split."""

@@ -61,6 +61,14 @@ def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task)
         assert entry["chance"] == record["chance"][key]
         assert f"{splits.dev[0]}/{name}" in record["chance"]  # chance on dev too
         assert 0.0 <= entry["pretrained"] <= 100.0
+    # the per-item scores of every summary metric average to the reported score (pipeline.finetune.paired)
+    items = json.loads((out / "item_scores.json").read_text())
+    assert set(items) == {"pretrained"} and set(items["pretrained"]) == set(record["summary"])
+    for key, scored in items["pretrained"].items():
+        assert len(scored["ids"]) == len(set(scored["ids"])) == len(scored["groups"]) == len(scored["scores"])
+        assert len(set(scored["groups"])) <= len(scored["ids"])
+        mean = 100.0 * sum(scored["scores"]) / len(scored["scores"]) if scored["ids"] else 0.0
+        assert mean == pytest.approx(record["summary"][key]["pretrained"], abs=0.006)  # VQA's is rounded to 2 decimals
     run = json.loads((out / "_run.json").read_text())
     assert run["stage"] == f"finetune@{task}" and run["counts"]["resumed_from_step"] == {"pretrained": 0}
     assert set(run["timings_s"]["pretrained"]) >= {"train", "eval", "total"}
@@ -204,6 +212,13 @@ def test_scratch_comparison_has_the_same_budget_and_head_start(data):
     record = run(ft_params(data, budget("snli_ve", steps=4), "finetune.compare_scratch=true"), "snli_ve")["snli_ve"]
     entry = record["summary"]["test/accuracy"]
     assert entry["gain"] == pytest.approx(entry["pretrained"] - entry["scratch"])
+    # both starts scored the same test items: the gain comes with its paired interval over them
+    interval = entry["gain_interval"]
+    assert interval["gain"] == pytest.approx(entry["gain"], abs=0.01)
+    assert interval["low"] <= interval["gain"] <= interval["high"]
+    assert interval["items"] == record["pretrained"]["test"]["examples"] >= interval["groups"]
+    items = json.loads((data / "models" / "snli_ve" / "item_scores.json").read_text())
+    assert items["pretrained"]["test/accuracy"]["ids"] == items["scratch"]["test/accuracy"]["ids"]
     run_json = json.loads((data / "models" / "snli_ve" / "_run.json").read_text())
     assert run_json["counts"]["resumed_from_step"] == {"pretrained": 0, "scratch": 0}
     for init in ("pretrained", "scratch"):

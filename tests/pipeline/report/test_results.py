@@ -19,7 +19,10 @@ pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not i
 
 VQA = {"task": "vqa", "steps": 40, "chance": {"test/accuracy": 30.0, "val/accuracy": 31.0},
        "summary": {"test/accuracy": {"label": "VQA test acc", "pretrained": 71.5, "scratch": 60.25, "gain": 11.25,
-                                     "chance": 30.0}}}
+                                     "chance": 30.0,
+                                     "gain_interval": {"gain": 11.25, "low": 4.5, "high": 18.0, "se": 3.4,
+                                                       "level": 0.95, "items": 400, "groups": 130,
+                                                       "resamples": 10000}}}}
 RETRIEVAL = {"task": "retrieval_flickr", "steps": 30, "chance": {},
              "summary": {"test/ir_r1": {"label": "Flickr IR R@1", "pretrained": 40.0, "scratch": 10.0, "gain": 30.0,
                                         "zero_shot": 20.0, "chance": 3.3333},
@@ -61,10 +64,12 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     params = params_for(data, "finetune.tasks=[vqa, retrieval_flickr]")
     results = run(params)
     md = (data / "reports" / "results.md").read_text()
-    assert "| vqa | VQA test acc (`test/accuracy`) | 40 | 71.50 | 60.25 | +11.25 | – | 30.00 |" in md
+    assert "| vqa | VQA test acc (`test/accuracy`) | 40 | 71.50 | 60.25 | +11.25 | [+4.50, +18.00] (400 / 130) " \
+           "| – | 30.00 |" in md
+    assert "*95% interval*" in md and "10,000 resamples" in md
     assert "each task's test split" in md and "(dev: no test labels)" not in md
-    assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | 20.00 | 3.33 |" in md
-    assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | 50.00 |" in md
+    assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | – | 20.00 | 3.33 |" in md
+    assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | | 50.00 |" in md
     assert "joint masking" in md and "| MLM acc | 0.05 | 0.45 |" in md and "| ITM acc | 0.50 | 0.80 |" in md
     assert "tasks: itm 2, mlm 2." in md  # no first phase
     saved = json.loads((data / "reports" / "results.json").read_text())
