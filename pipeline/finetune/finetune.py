@@ -12,7 +12,7 @@ Writes, per task:
 - ``data/models/<task>/``: ``model.safetensors`` (the fine-tuned model, pretrained start),
   ``model_config.json``, ``eval.json`` (every metric of both starts, zero-shot, chance levels),
   task files (VQA: predictions in the submission format), ``item_scores.json`` (each start's score
-  of every item of each summary metric), ``_run.json`` (counts and timings);
+  of every item of each headline metric, dev and test), ``_run.json`` (counts and timings);
 - ``data/metrics/<task>.json``: the summary metrics of both starts, the gain with its paired
   cluster-bootstrap interval (``pipeline.finetune.paired``) and chance levels;
 - ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
@@ -49,7 +49,7 @@ from pipeline.training.launch import DistInfo, process_group
 log = logging.getLogger(__name__)
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
-ITEMS_FILE = "item_scores.json"  # per start, per summary metric: pipeline.finetune.paired.item_scores
+ITEMS_FILE = "item_scores.json"  # per start, per headline metric and scored split: paired.item_scores
 
 
 def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
@@ -248,7 +248,8 @@ def _train_start_child(params: Params, name: str, init: str, threads: int, preci
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:
     """``data/metrics/<task>.json``: per summary metric the pretrained and scratch scores, the gain and,
-    where both starts scored the same items, its interval (``gain_interval``: ``paired.paired_gain``), chance."""
+    where both starts scored the same items, its interval (``gain_interval``: ``paired.paired_gain``),
+    chance; ``gain_intervals``: the interval of every scored split, dev included."""
     summary = {}
     for label, key in task.summary:
         entry: dict[str, Any] = {"label": label, "chance": chance.get(key)}
@@ -258,12 +259,15 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
                 entry["zero_shot"] = lookup(outcome.zero_shot, key)
         if "scratch" in entry and entry["pretrained"] is not None and entry["scratch"] is not None:
             entry["gain"] = round(entry["pretrained"] - entry["scratch"], 4)
-            paired = [outcomes[i].items.get(key) for i in ("pretrained", "scratch")]
-            if all(p and p["ids"] for p in paired):  # a split without labelled items has no interval
-                entry["gain_interval"] = paired_gain(*paired)
         summary[key] = entry
+    intervals = gain_intervals(outcomes)
+    for key, entry in summary.items():
+        if key in intervals:
+            entry["gain_interval"] = intervals[key]
     record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
                               "chance": dict(sorted(chance.items()))}
+    if intervals:
+        record["gain_intervals"] = intervals  # dev too: how large a split must be is measured there, not on test
     references = task.references()
     if references:
         record["references"] = references
@@ -272,6 +276,16 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
         if outcome.zero_shot is not None:
             record["zero_shot"] = outcome.zero_shot
     return record
+
+
+def gain_intervals(outcomes: dict[str, RunOutcome]) -> dict[str, dict[str, Any]]:
+    """``{"split/metric": paired.paired_gain}`` of every headline metric of every scored split that
+    both starts scored item by item ({} without a scratch start); a split without labelled items has none."""
+    if set(outcomes) != {"pretrained", "scratch"}:
+        return {}
+    pretrained, scratch = outcomes["pretrained"].items, outcomes["scratch"].items
+    return {key: paired_gain(pretrained[key], scratch[key]) for key in sorted(pretrained)
+            if key in scratch and pretrained[key]["ids"] and scratch[key]["ids"]}
 
 
 @dataclasses.dataclass
@@ -289,7 +303,6 @@ def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
     from pipeline.training.checkpointing import save_safetensors
 
     task, outcomes, record = setup.task, result.outcomes, result.record
-    summary_keys = list(record["summary"])
     data, name = Path(params.paths.data), task.name
     pretrained = outcomes["pretrained"]
     run = RunRecord(f"finetune@{name}", task_digest(params, name))
@@ -316,8 +329,7 @@ def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
         for file_name, content in sorted(pretrained.artifacts.items()):
             atomic_write_json(tmp / file_name, content)
         # what the gain's interval was drawn from, for anyone who wants another test of the same scores
-        atomic_write_json(tmp / ITEMS_FILE, {i: {k: o.items[k] for k in summary_keys if k in o.items}
-                                             for i, o in outcomes.items()})
+        atomic_write_json(tmp / ITEMS_FILE, {i: o.items for i, o in outcomes.items()})
         run.write(tmp)
     # dvclive curves (with throughput, so not byte-stable) live beside the metrics file, as pretraining's do
     for init in outcomes:

@@ -63,12 +63,14 @@ def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task)
         assert 0.0 <= entry["pretrained"] <= 100.0
     # the per-item scores of every summary metric average to the reported score (pipeline.finetune.paired)
     items = json.loads((out / "item_scores.json").read_text())
-    assert set(items) == {"pretrained"} and set(items["pretrained"]) == set(record["summary"])
+    assert set(items) == {"pretrained"} and set(record["summary"]) <= set(items["pretrained"])
+    assert {k.partition("/")[0] for k in items["pretrained"]} >= set(splits.dev)  # dev too: splits are sized there
     for key, scored in items["pretrained"].items():
         assert len(scored["ids"]) == len(set(scored["ids"])) == len(scored["groups"]) == len(scored["scores"])
         assert len(set(scored["groups"])) <= len(scored["ids"])
         mean = 100.0 * sum(scored["scores"]) / len(scored["scores"]) if scored["ids"] else 0.0
-        assert mean == pytest.approx(record["summary"][key]["pretrained"], abs=0.006)  # VQA's is rounded to 2 decimals
+        split, _, name = key.partition("/")
+        assert mean == pytest.approx(record["pretrained"][split][name], abs=0.006)  # VQA's is rounded to 2 decimals
     run = json.loads((out / "_run.json").read_text())
     assert run["stage"] == f"finetune@{task}" and run["counts"]["resumed_from_step"] == {"pretrained": 0}
     assert set(run["timings_s"]["pretrained"]) >= {"train", "eval", "total"}
@@ -217,6 +219,7 @@ def test_scratch_comparison_has_the_same_budget_and_head_start(data):
     assert interval["gain"] == pytest.approx(entry["gain"], abs=0.01)
     assert interval["low"] <= interval["gain"] <= interval["high"]
     assert interval["items"] == record["pretrained"]["test"]["examples"] >= interval["groups"]
+    assert record["gain_intervals"]["test/accuracy"] == interval and "dev/accuracy" in record["gain_intervals"]
     items = json.loads((data / "models" / "snli_ve" / "item_scores.json").read_text())
     assert items["pretrained"]["test/accuracy"]["ids"] == items["scratch"]["test/accuracy"]["ids"]
     run_json = json.loads((data / "models" / "snli_ve" / "_run.json").read_text())
