@@ -43,6 +43,14 @@ def item_scores(ids: Sequence[str], groups: Sequence[str], scores: Sequence[floa
     return {"ids": [str(i) for i in ids], "groups": [str(g) for g in groups], "scores": [float(s) for s in scores]}
 
 
+def pooled_items(parts: Mapping[str, Mapping[str, list]]) -> dict[str, list]:
+    """Several splits' :func:`item_scores` as one (RefCOCO+ testA+testB); an item becomes
+    ``"<split>:<id>"``, so equal ids of two splits stay two items."""
+    return {"ids": [f"{split}:{i}" for split, part in parts.items() for i in part["ids"]],
+            "groups": [g for part in parts.values() for g in part["groups"]],
+            "scores": [v for part in parts.values() for v in part["scores"]]}
+
+
 def paired_gain(pretrained: Mapping[str, list], scratch: Mapping[str, list], *, level: float = LEVEL,
                 resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:
     """The gain in points of ``pretrained`` over ``scratch`` (two :func:`item_scores` of the same items)

@@ -23,6 +23,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForRefExp
+from pipeline.finetune.paired import pooled_items
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches, row, text_row
 
@@ -135,15 +136,11 @@ class RefcocoPlusTask(FinetuneTask):
         items: dict[str, dict[str, list]] = {}
         for key, group in self.score_groups():
             for mode in MODES:
-                # pooled splits: an expression is known as "<split>:<id>", so ids never collide across them
-                parts = [scored_items(self.db(f"refcoco_plus_{s}"), per_split[(s, mode)]) for s in group]
-                pooled_items = {name: [v for s, part in zip(group, parts)
-                                       for v in ([f"{s}:{i}" for i in part["ids"]] if name == "ids" else part[name])]
-                                for name in ("ids", "groups", "scores")}
-                hits = sum(pooled_items["scores"])
-                metrics.setdefault(key, {})[f"{mode}_accuracy"] = percent(hits, len(pooled_items["ids"]))
-                metrics[key][f"{mode}_examples"] = len(pooled_items["ids"])
-                items[f"{key}/{mode}_accuracy"] = pooled_items
+                scored = pooled_items({s: scored_items(self.db(f"refcoco_plus_{s}"), per_split[(s, mode)])
+                                       for s in group})
+                metrics.setdefault(key, {})[f"{mode}_accuracy"] = percent(sum(scored["scores"]), len(scored["ids"]))
+                metrics[key][f"{mode}_examples"] = len(scored["ids"])
+                items[f"{key}/{mode}_accuracy"] = scored
         return EvalResult(metrics=metrics, artifacts={}, items=items)
 
     def chance(self) -> dict[str, float]:

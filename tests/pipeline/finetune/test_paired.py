@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.finetune.paired import group_key, item_scores, paired_gain
+from pipeline.finetune.paired import group_key, item_scores, paired_gain, pooled_items
 
 
 def two_starts(rng: np.random.Generator, sizes: list[int], *, p_scratch: float, gain: float,
@@ -107,3 +107,11 @@ def test_bad_scores_are_refused_with_the_item_named():
 
 def test_group_key_is_the_set_of_images():
     assert group_key(["nlvr2/b", "nlvr2/a"]) == group_key(["nlvr2/a", "nlvr2/b"]) == "nlvr2/a|nlvr2/b"
+
+
+def test_pooled_splits_keep_equal_ids_apart():
+    a = item_scores(["1", "2"], ["img/a", "img/a"], [1.0, 0.0])
+    b = item_scores(["1"], ["img/b"], [0.5])
+    assert pooled_items({"testA": a, "testB": b}) == {"ids": ["testA:1", "testA:2", "testB:1"],
+                                                      "groups": ["img/a", "img/a", "img/b"],
+                                                      "scores": [1.0, 0.0, 0.5]}
