@@ -26,7 +26,8 @@ from model.config import UniterConfig
 from model.tasks import TaskOutput, UniterForRetrieval
 from pipeline.finetune.paired import group_key, item_scores
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask
-from pipeline.finetune.tasks.retrieval_eval import RECALL_KS, chance_recall, recall_at_k, streaming_topk
+from pipeline.finetune.tasks.retrieval_eval import (RECALL_KS, chance_recall, query_hits, recall_at_k,
+                                                     streaming_topk)
 from pipeline.finetune.tasks.rows import TaskDataset, mix_seed, row, text_row
 from pipeline.training.engine import cast_batch
 
@@ -180,17 +181,15 @@ class RetrievalTask(FinetuneTask):
         captions_of: list[set[int]] = [set() for _ in images]
         for t, i in enumerate(image_of):
             captions_of[i].add(t)
-        ir = recall_at_k(t_top, [{i} for i in image_of])
+        image_of_text = [{i} for i in image_of]
+        ir = recall_at_k(t_top, image_of_text)
         tr = recall_at_k(i_top, captions_of)
         metrics = {**{f"ir_{k}": v for k, v in ir.items()}, **{f"tr_{k}": v for k, v in tr.items()}}
         metrics["r_mean"] = round(sum(metrics.values()) / len(metrics), 4)
         metrics.update(texts=len(captions), images=len(images))
-        first_text, first_image = t_top[:, 0].tolist(), i_top[:, 0].tolist()
-        items = {
-            "ir_r1": item_scores(captions, [group_key([images[i]]) for i in image_of],
-                                 [float(first_text[t] == i) for t, i in enumerate(image_of)]),
-            "tr_r1": item_scores(images, [group_key([q]) for q in images],
-                                 [float(first_image[i] in captions_of[i]) for i in range(len(images))])}
+        items = {"ir_r1": item_scores(captions, [group_key([images[i]]) for i in image_of],
+                                      query_hits(t_top, image_of_text, 1)),
+                 "tr_r1": item_scores(images, [group_key([q]) for q in images], query_hits(i_top, captions_of, 1))}
         return metrics, items
 
     def chance(self) -> dict[str, float]:

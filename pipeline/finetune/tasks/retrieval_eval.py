@@ -78,15 +78,16 @@ def streaming_topk(score_block: ScoreFn, n_texts: int, n_images: int, *, text_bl
     return key_ids(text_keys), image_ids, largest
 
 
+def query_hits(top: torch.Tensor, relevant: Sequence[set[int]], k: int) -> list[float]:
+    """Per query (row of ``top`` [queries, >= k]): 1.0 when a relevant candidate is in its top K, else 0.0."""
+    return [float(any(c in rel for c in row[:k])) for row, rel in zip(top.tolist(), relevant)]
+
+
 def recall_at_k(top: torch.Tensor, relevant: Sequence[set[int]], ks: Sequence[int] = RECALL_KS) -> dict[str, float]:
     """Percent of queries with a relevant candidate in their top K, for each K (K beyond the
     candidate count counts every candidate)."""
-    hits = {k: 0 for k in ks}
-    for row, rel in zip(top.tolist(), relevant):
-        for k in ks:
-            hits[k] += int(any(c in rel for c in row[:k]))
     n = len(relevant)
-    return {f"r{k}": round(100.0 * hits[k] / n, 4) if n else 0.0 for k in ks}
+    return {f"r{k}": round(100.0 * sum(query_hits(top, relevant, k)) / n, 4) if n else 0.0 for k in ks}
 
 
 def chance_recall(n_candidates: int, relevant_counts: Sequence[int], ks: Sequence[int] = RECALL_KS) -> dict[str, float]:
