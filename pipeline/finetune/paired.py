@@ -78,6 +78,17 @@ def paired_gain(pretrained: Mapping[str, list], scratch: Mapping[str, list], *, 
             "resamples": int(resamples)}
 
 
+def groups_for_half_width(interval: Mapping[str, Any], target: float) -> int:
+    """The groups a split needs for a gain's interval of half-width ``target`` points, from one
+    measured :func:`paired_gain` record of the same task: a half-width shrinks as 1/sqrt(groups), so
+    ``ceil(groups * (w / target) ** 2)`` with ``w`` half the measured interval's width. The protocol
+    sizes test splits with it from *dev* records (docs/design.md §12)."""
+    if not target > 0:
+        raise ValueError(f"target half-width must be > 0 points, got {target}")
+    half_width = (interval["high"] - interval["low"]) / 2
+    return int(np.ceil(interval["groups"] * (half_width / target) ** 2 - 1e-9))
+
+
 def _paired_differences(pretrained: Mapping[str, list], scratch: Mapping[str, list]) -> tuple[np.ndarray, list[str]]:
     """Per-item ``pretrained - scratch`` in the order of ``pretrained``'s ids, and each item's group."""
     other = dict(zip(scratch["ids"], zip(scratch["groups"], scratch["scores"])))

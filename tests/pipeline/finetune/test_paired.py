@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.finetune.paired import group_key, item_scores, paired_gain, pooled_items
+from pipeline.finetune.paired import group_key, groups_for_half_width, item_scores, paired_gain, pooled_items
 
 
 def two_starts(rng: np.random.Generator, sizes: list[int], *, p_scratch: float, gain: float,
@@ -115,3 +115,19 @@ def test_pooled_splits_keep_equal_ids_apart():
     assert pooled_items({"testA": a, "testB": b}) == {"ids": ["testA:1", "testA:2", "testB:1"],
                                                       "groups": ["img/a", "img/a", "img/b"],
                                                       "scores": [1.0, 0.0, 0.5]}
+
+
+def test_a_split_sized_from_a_small_one_gets_the_half_width_asked_for():
+    """The sizing rule: from one measured interval on 80 groups, the groups for half its half-width
+    (about 4 x 80); a split of that size drawn from the same process has about that half-width."""
+    rng = np.random.default_rng(5)
+    setting = dict(p_scratch=0.55, gain=0.08, image_effect=0.2)
+    small = paired_gain(*two_starts(rng, [5] * 80, **setting))
+    target = (small["high"] - small["low"]) / 4
+    need = groups_for_half_width(small, target)
+    assert 4 * 80 <= need <= 4 * 80 + 1
+    big = paired_gain(*two_starts(rng, [5] * need, **setting))
+    assert (big["high"] - big["low"]) / 2 == pytest.approx(target, rel=0.2)
+    assert groups_for_half_width(small, (small["high"] - small["low"]) / 2) == 80  # as wide as asked: no growth
+    with pytest.raises(ValueError, match="target half-width"):
+        groups_for_half_width(small, 0.0)
