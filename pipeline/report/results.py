@@ -7,7 +7,9 @@ experiment) and ``data/reports/results.md``:
 
 1. one row per summary metric (one per task; retrieval has two, image and text R@1, as in the
    paper), on the task's test split: the score of the pretrained start, of the non-pretrained start
-   with the same budget, the gain, the chance level and, for retrieval, zero-shot. Choices are made
+   with the same budget, the gain with its paired 95% interval and whether it is shown (``verdict``:
+   at least ``GAIN_MARGIN`` points, the interval above 0), the chance level and, for retrieval,
+   zero-shot. Choices are made
    on the dev splits, whose scores stay in ``data/metrics/<task>.json``; a task whose test labels
    are not here (VQA and VCR on real data: evaluation server) reports dev, and the row says so;
 2. the Meta-Sum: the sum of those scores (UNITER's Table 2 sums VQA, IR, TR, NLVR2 and RefCOCO+;
@@ -41,6 +43,12 @@ COLUMNS = ("pretrained", "scratch", "gain", "zero_shot", "chance")
 # ceiling (a model-free reference level, else 100): no start has room to show a 2-point gain there,
 # so the demo's check asks only that the pretrained start beat chance on it.
 CEILING_HEADROOM = 5.0
+# The protocol's check of a fine-tuning gain (docs/design.md §12): the pretrained start scores at
+# least GAIN_MARGIN points above the non-pretrained one (issue 19) and the lower end of the gain's
+# paired 95% interval lies above 0 (the test split resolves it). A row at its ceiling is not judged.
+GAIN_MARGIN = 2.0
+VERDICTS = {"shown": "yes", "small": f"no: under {GAIN_MARGIN:g} points", "unresolved": "no: interval holds 0",
+            "ceiling": "at ceiling", "unknown": "–"}
 DEV_MARK = " (dev: no test labels)"  # a row scored on dev because the task's test labels are not here
 # a dev row of a task in decontaminate.keep_dev_in_pretraining: its dev images were pretrained on
 SEEN_MARK = " (dev images in pretraining)"
@@ -70,6 +78,7 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             row["gain_interval"] = entry.get("gain_interval")  # pipeline.finetune.paired.paired_gain
             row["ceiling"] = ceiling(record, key)
             row["at_ceiling"] = row["scratch"] is not None and row["scratch"] > row["ceiling"] - CEILING_HEADROOM
+            row["verdict"] = verdict(row)
             rows.append(row)
     meta_sum: dict[str, Any] = {"terms": len(rows)}
     for column in ("pretrained", "scratch", "chance"):
@@ -78,6 +87,20 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     if meta_sum["pretrained"] is not None and meta_sum["scratch"] is not None:
         meta_sum["gain"] = round(meta_sum["pretrained"] - meta_sum["scratch"], 4)
     return {"rows": rows, "meta_sum": meta_sum, "references": reference_rows(records, rows)}
+
+
+def verdict(row: Mapping[str, Any]) -> str:
+    """Whether a row shows its gain (a key of ``VERDICTS``): ``"shown"`` when pretrained >= scratch +
+    ``GAIN_MARGIN`` and the gain's interval lies above 0; ``"unknown"`` without a scratch score or an interval."""
+    if row["scratch"] is None or row["pretrained"] is None:
+        return "unknown"
+    if row["at_ceiling"]:
+        return "ceiling"
+    if row["pretrained"] < row["scratch"] + GAIN_MARGIN:
+        return "small"
+    if not row.get("gain_interval"):
+        return "unknown"
+    return "shown" if row["gain_interval"]["low"] > 0 else "unresolved"
 
 
 def split_kind(task: str, metric: str) -> str:
@@ -156,19 +179,20 @@ def render_markdown(results: Mapping[str, Any]) -> str:
              "pretrained model; *scratch*: the same fine-tuning (same steps, data order and head initialization) "
              "from a non-pretrained start; *zero-shot*: the pretrained model before any fine-tuning; *chance*: "
              "a trivial predictor (majority answer, uniform choice or random ranking).", "",
-             "| task | metric | steps | pretrained | scratch | gain | 95% interval (items / groups) | zero-shot "
-             "| chance |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| task | metric | steps | pretrained | scratch | gain | 95% interval (items / groups) | gain shown "
+             "| zero-shot | chance |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in results["rows"]:
         mark = " (at ceiling)" if r.get("at_ceiling") else ""
         mark += DEV_MARK if r.get("split") == "dev" else ""
         mark += SEEN_MARK if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ()) else ""
         lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {_fmt(r['steps'])} "
                      f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} | {_fmt(r['gain'], True)} "
-                     f"| {_interval(r.get('gain_interval'))} | {_fmt(r['zero_shot'])} | {_fmt(r['chance'])} |")
+                     f"| {_interval(r.get('gain_interval'))} | {VERDICTS[r['verdict']]} | {_fmt(r['zero_shot'])} "
+                     f"| {_fmt(r['chance'])} |")
     m = results["meta_sum"]
     lines.append(f"| **Meta-Sum** | sum of the {m['terms']} scores above | | **{_fmt(m['pretrained'])}** "
-                 f"| {_fmt(m['scratch'])} | {_fmt(m.get('gain'), True)} | | | {_fmt(m['chance'])} |")
+                 f"| {_fmt(m['scratch'])} | {_fmt(m.get('gain'), True)} | | | | {_fmt(m['chance'])} |")
     lines += ["", "The Meta-Sum adds every row (retrieval contributes image and text R@1, as in UNITER's Table 2, "
               "which sums VQA, IR, TR, NLVR2 and RefCOCO+; VCR and SNLI-VE are added here), so it compares runs "
               "of this pipeline with each other, not with the paper's numbers."]
@@ -180,7 +204,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
                   "resamples, seeded) that resamples *groups*, the images an item is about (an NLVR2 pair is one "
                   "group), because the items of one image are not independent. An interval that holds 0 means "
                   "the split does not resolve the gain; its half-width is the smallest difference the split can "
-                  "tell from noise."]
+                  f"tell from noise. *Gain shown*: the pretrained start gains at least {GAIN_MARGIN:g} points "
+                  "and the interval lies above 0."]
     dev_tasks = sorted({r["task"] for r in results["rows"] if r.get("split") == "dev"})
     if dev_tasks:
         lines += ["", f"*{DEV_MARK.strip(' ()')}*: {', '.join(dev_tasks)} scored on the dev split, the split "

@@ -340,7 +340,7 @@ def test_default_params_run_the_whole_pipeline(default_run):
 # Issue 9 and 7's evidence on the default budget: margins, not just outputs. The same run as above.
 MLM_MARGIN = 0.03  # held-out MLM accuracy: with the image vs the same model without it
 ITM_MARGIN = 0.05  # held-out ITM accuracy over the majority-class rate of those pairs
-CHANCE_MARGIN, SCRATCH_MARGIN = 5.0, 2.0  # fine-tuning, in points
+CHANCE_MARGIN = 5.0  # fine-tuning, in points; the margin over the non-pretrained start is results.GAIN_MARGIN
 
 
 def _pretrain_report(repo: Path) -> dict:
@@ -379,18 +379,27 @@ def test_the_masking_ablation_is_one_command_after_the_demo(default_run):
 
 @pytest.mark.demo
 def test_every_task_beats_chance_and_the_non_pretrained_start(default_run):
+    from pipeline.report.results import GAIN_MARGIN
+
     results = json.loads((default_run[0] / "data/reports/results.json").read_text())
     # a reference level (RefCOCO+'s class oracle) goes into the message: it shows whether a start had room to gain
     refs = {(r["task"], r["metric"]): f", {r['reference']} {r['value']}" for r in results.get("references", [])}
     # a row at its ceiling (the non-pretrained start within CEILING_HEADROOM of the class oracle, or
-    # of 100) has no room for a gain: there only chance + 5 is asked (results.md marks the row)
-    # the gain's paired interval goes in too: it says whether the split could resolve the margin at all
+    # of 100) has no room for a gain: there only chance + 5 is asked (results.md marks the row).
+    # Elsewhere the protocol (docs/design.md §12): pretrained >= scratch + 2 points, and the gain's
+    # paired 95% interval above 0, so that the test split resolves the gain it is checked for
     spread = {(r["task"], r["metric"]): f", gain {r['gain_interval']['gain']:+.2f} in [{r['gain_interval']['low']:+.2f}, "
               f"{r['gain_interval']['high']:+.2f}]" for r in results["rows"] if r.get("gain_interval")}
+
+    def short_of_the_margins(r) -> bool:
+        if r["pretrained"] < r["chance"] + CHANCE_MARGIN:
+            return True
+        if r["at_ceiling"]:
+            return False
+        return r["pretrained"] < r["scratch"] + GAIN_MARGIN or not r["gain_interval"]["low"] > 0
+
     short = [f"{r['task']} {r['metric']}: {r['pretrained']} vs scratch {r['scratch']}, chance {r['chance']}"
              f"{spread.get((r['task'], r['metric']), '')}"
              f"{refs.get((r['task'], r['metric']), '')}{' (at ceiling)' if r['at_ceiling'] else ''}"
-             for r in results["rows"]
-             if r["pretrained"] < max(r["chance"] + CHANCE_MARGIN,
-                                      -math.inf if r["at_ceiling"] else r["scratch"] + SCRATCH_MARGIN)]
+             for r in results["rows"] if short_of_the_margins(r)]
     assert not short, "below the margins:\n" + "\n".join(short)

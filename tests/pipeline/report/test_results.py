@@ -54,6 +54,29 @@ def test_rows_and_meta_sum_by_hand():
     assert m["pretrained"] == 70.0 and m["scratch"] is None and "gain" not in m
 
 
+def test_a_gain_is_shown_when_it_clears_two_points_and_its_interval_clears_zero():
+    from pipeline.report.results import GAIN_MARGIN, summarize
+
+    def row_verdict(pretrained, scratch, low, ceiling_ref=None):
+        entry = {"label": "x", "pretrained": pretrained, "scratch": scratch, "gain": pretrained - scratch,
+                 "chance": 10.0}
+        if low is not None:
+            entry["gain_interval"] = {"gain": pretrained - scratch, "low": low, "high": 2 * (pretrained - scratch) - low}
+        record = {"task": "vqa", "summary": {"test/accuracy": entry}}
+        if ceiling_ref is not None:
+            record["references"] = {"oracle": {"label": "oracle", "test/accuracy": ceiling_ref}}
+        return summarize({"vqa": record})["rows"][0]["verdict"]
+
+    assert GAIN_MARGIN == 2.0  # issue 19's margin
+    assert row_verdict(70.0, 60.0, 3.1) == "shown"
+    assert row_verdict(70.0, 60.0, -0.8) == "unresolved"  # 10 points the split cannot tell from 0
+    assert row_verdict(70.0, 60.0, 0.0) == "unresolved"  # "above 0": a bound at 0 does not clear it
+    assert row_verdict(61.9, 60.0, 0.5) == "small"  # resolved, but under 2 points
+    assert row_verdict(62.0, 60.0, 0.5) == "shown"
+    assert row_verdict(70.0, 60.0, None) == "unknown"  # no item scores, no interval
+    assert row_verdict(98.0, 96.0, 1.0, ceiling_ref=99.0) == "ceiling"  # scratch within 5 points of the oracle
+
+
 def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     from pipeline.report.results import run
 
@@ -65,11 +88,11 @@ def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     results = run(params)
     md = (data / "reports" / "results.md").read_text()
     assert "| vqa | VQA test acc (`test/accuracy`) | 40 | 71.50 | 60.25 | +11.25 | [+4.50, +18.00] (400 / 130) " \
-           "| – | 30.00 |" in md
+           "| yes | – | 30.00 |" in md
     assert "*95% interval*" in md and "10,000 resamples" in md
     assert "each task's test split" in md and "(dev: no test labels)" not in md
-    assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | – | 20.00 | 3.33 |" in md
-    assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | | 50.00 |" in md
+    assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 | 40.00 | 10.00 | +30.00 | – | – | 20.00 | 3.33 |" in md
+    assert "| **Meta-Sum** | sum of the 3 scores above | | **161.50** | 86.75 | +74.75 | | | | 50.00 |" in md
     assert "joint masking" in md and "| MLM acc | 0.05 | 0.45 |" in md and "| ITM acc | 0.50 | 0.80 |" in md
     assert "tasks: itm 2, mlm 2." in md  # no first phase
     saved = json.loads((data / "reports" / "results.json").read_text())
