@@ -3,6 +3,8 @@ and the test2015 images VQA tests on. Plants COCO images that are Flickr30k phot
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from pipeline.mini_world.scenes import CATEGORIES, CATEGORY_ID
@@ -10,6 +12,7 @@ from pipeline.mini_world.text import coco_captions, tokenize
 from pipeline.mini_world.urlforms import coco_url, flickr_url, flickr_variant
 from pipeline.mini_world.world import World, split_plan
 
+TEST2015_INFO = "coco/annotations/image_info_test2015.json"
 LICENSES = [{"id": 1, "name": "Mini World License", "url": "https://example.org/mini-world-license"}]
 
 
@@ -62,25 +65,9 @@ def write_coco(world: World) -> None:
             furl = flickr_url(photo, "farm_staticflickr", size="z", https=False)
             photo_id = photo.photo_id
         caps = coco_captions(rng, rec.scene, cfg.captions_per_image)
-        w, h = rec.scene.size
         url = coco_url(csplit, fname)
-        by_split[csplit]["images"].append({"coco_url": url, "date_captured": "2013-11-14 16:28:13",
-                                           "file_name": fname, "flickr_url": furl, "height": h, "id": cid,
-                                           "license": 1, "width": w})
-        for cap in caps:
-            by_split[csplit]["captions"].append({"caption": cap, "id": next(cap_ids), "image_id": cid})
-        anns = []
-        for obj in rec.scene.objects:
-            x, y, bw, bh = obj.xywh()
-            ann = {"area": bw * bh, "bbox": [x, y, bw, bh], "category_id": obj.category_id, "id": next(inst_ids),
-                   "image_id": cid, "iscrowd": 0,
-                   "segmentation": [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]}
-            anns.append(ann)
-        by_split[csplit]["instances"] += anns
-        sentences = [{"imgid": idx, "raw": c, "sentid": sentid + k, "tokens": tokenize(c)} for k, c in enumerate(caps)]
+        anns = add_coco_entries(by_split[csplit], kimages, rec, csplit, furl, caps, cap_ids, inst_ids, sentid, ksplit)
         sentid += len(caps)
-        kimages.append({"cocoid": cid, "filename": fname, "filepath": csplit, "imgid": idx, "sentences": sentences,
-                        "sentids": [s["sentid"] for s in sentences], "split": ksplit})
         info["split"][rec.key], info["coco_split"][rec.key] = ksplit, csplit
         info["captions"][rec.key], info["ann_ids"][rec.key] = caps, [a["id"] for a in anns]
         info["coco_url"][rec.key], info["flickr_id"][rec.key] = url, photo_id
@@ -102,6 +89,30 @@ def write_coco(world: World) -> None:
     for ks in ("train", "restval", "val", "test"):
         world.counts[f"coco_karpathy_{ks}"] = sum(1 for im in kimages if im["split"] == ks)
     _write_test2015(world, rng, ids[n:])
+
+
+def add_coco_entries(parts: dict, kimages: list[dict], rec, csplit: str, furl: str, caps: list[str],
+                     cap_ids: Iterator[int], inst_ids: Iterator[int], sentid: int, ksplit: str) -> list[dict]:
+    """COCO image ``rec`` of ``csplit`` into ``parts`` (its image, caption and instance entries, ids
+    from ``cap_ids`` / ``inst_ids``) and into the Karpathy ``kimages`` (split ``ksplit``, sentence ids
+    from ``sentid``); returns its instance annotations (one per scene object)."""
+    cid, (w, h) = int(rec.image_id), rec.scene.size
+    fname = f"COCO_{csplit}_{cid:012d}.jpg"
+    parts["images"].append({"coco_url": coco_url(csplit, fname), "date_captured": "2013-11-14 16:28:13",
+                            "file_name": fname, "flickr_url": furl, "height": h, "id": cid, "license": 1, "width": w})
+    for cap in caps:
+        parts["captions"].append({"caption": cap, "id": next(cap_ids), "image_id": cid})
+    anns = []
+    for obj in rec.scene.objects:
+        x, y, bw, bh = obj.xywh()
+        anns.append({"area": bw * bh, "bbox": [x, y, bw, bh], "category_id": obj.category_id, "id": next(inst_ids),
+                     "image_id": cid, "iscrowd": 0, "segmentation": [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]})
+    parts["instances"] += anns
+    imgid = len(kimages)
+    sentences = [{"imgid": imgid, "raw": c, "sentid": sentid + k, "tokens": tokenize(c)} for k, c in enumerate(caps)]
+    kimages.append({"cocoid": cid, "filename": fname, "filepath": csplit, "imgid": imgid, "sentences": sentences,
+                    "sentids": [s["sentid"] for s in sentences], "split": ksplit})
+    return anns
 
 
 def _plant_defects(world: World, rng: np.random.Generator, train: dict, train_keys: list[str]) -> None:
@@ -129,17 +140,23 @@ def _plant_defects(world: World, rng: np.random.Generator, train: dict, train_ke
                      detail)
 
 
+def write_test2015_image(world: World, rng: np.random.Generator, cid: int) -> tuple[str, dict]:
+    """One COCO test2015 image with id ``cid``: its key and its image_info entry."""
+    fname = f"COCO_test2015_{cid:012d}.jpg"
+    rec = world.new_image(rng, "coco", str(cid), f"coco/images/test2015/{fname}")
+    w, h = rec.scene.size
+    return rec.key, {"coco_url": coco_url("test2015", fname), "date_captured": "2013-11-14 16:28:13",
+                     "file_name": fname, "height": h, "id": cid, "license": 1, "width": w}
+
+
 def _write_test2015(world: World, rng: np.random.Generator, ids: list[int]) -> None:
     """COCO test2015 images (VQA's test split) and their image_info file."""
     images, keys = [], []
     for cid in ids:
-        fname = f"COCO_test2015_{cid:012d}.jpg"
-        rec = world.new_image(rng, "coco", str(cid), f"coco/images/test2015/{fname}")
-        w, h = rec.scene.size
-        images.append({"coco_url": coco_url("test2015", fname), "date_captured": "2013-11-14 16:28:13",
-                       "file_name": fname, "height": h, "id": cid, "license": 1, "width": w})
-        keys.append(rec.key)
-    world.write_json("coco/annotations/image_info_test2015.json", {
+        key, image = write_test2015_image(world, rng, cid)
+        images.append(image)
+        keys.append(key)
+    world.write_json(TEST2015_INFO, {
         "categories": categories(), "images": images, "info": _info("test2015"), "licenses": LICENSES})
     world.info["coco"]["test2015_keys"] = keys
     world.info["coco"]["coco_url"].update({k: im["coco_url"] for k, im in zip(keys, images)})

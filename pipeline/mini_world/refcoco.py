@@ -9,11 +9,13 @@ import pickle
 
 from pipeline.mini_world.coco import LICENSES, categories
 from pipeline.mini_world.scenes import SHAPES
-from pipeline.mini_world.task_text import referring_expressions
+from pipeline.mini_world.task_text import naming_expressions, referring_expressions
 from pipeline.mini_world.text import tokenize
 from pipeline.mini_world.world import World
 
 TEST_A_SHAPES = set(SHAPES[:3])
+REFS = "refcoco+/refs(unc).p"
+INSTANCES = "refcoco+/instances.json"
 
 
 def write_refcoco(world: World) -> None:
@@ -24,45 +26,65 @@ def write_refcoco(world: World) -> None:
     pool = [pool[int(i)] for i in rng.permutation(len(pool))][: cfg.n_refcoco_images]
     n_eval = max(1, round(0.1 * len(pool)))
     quota = {"val": n_eval, "testA": n_eval, "testB": n_eval}
-    refs, ref_id, sent_id, used = [], 0, 0, []
+    refs, used = [], []
     for key in pool:
         split = next((s for s, q in quota.items() if q > 0), "train")
-        scene = world.images[key].scene
-        image_id = int(key.split("/")[1])
-        made = 0
-        for t, obj in enumerate(scene.objects):
-            if split == "testA" and obj.shape not in TEST_A_SHAPES or split == "testB" and obj.shape in TEST_A_SHAPES:
-                continue
-            exps = referring_expressions(rng, scene, t, comparing=cfg.refcoco_expressions == "comparing")
-            if not exps:
-                continue
-            ann_id = coco["ann_ids"][key][t]
-            sents = [{"raw": e, "sent": e, "sent_id": sent_id + k, "tokens": tokenize(e)} for k, e in enumerate(exps)]
-            sent_id += len(sents)
-            refs.append({"ann_id": ann_id, "category_id": obj.category_id,
-                         "file_name": f"COCO_train2014_{image_id:012d}_{ann_id}.jpg", "image_id": image_id,
-                         "ref_id": ref_id, "sent_ids": [s["sent_id"] for s in sents], "sentences": sents,
-                         "split": split})
-            ref_id += 1
-            made += 1
+        made = write_image_refs(world, rng, key, split, coco["ann_ids"][key], refs)
         if made:
             if split in quota:
                 quota[split] -= 1
             used.append(key)
-            world.use(key, "refcoco", split)
-    _plant_defects(world, refs, ref_id, sent_id)
+    _plant_defects(world, refs, len(refs), sum(len(r["sentences"]) for r in refs))
     # a pickle of plain containers only, like the released file (protocol 2 reads everywhere)
-    world.write_bytes("refcoco+/refs(unc).p", pickle.dumps(refs, protocol=2))
+    world.write_bytes(REFS, pickle.dumps(refs, protocol=2))
     used_set = {int(k.split("/")[1]) for k in used}
     train = world.info["coco"]["train2014"]
     images = [im for im in train["images"] if im["id"] in used_set]
     anns = [a for a in train["instances"] if a["image_id"] in used_set]
-    world.write_json("refcoco+/instances.json", {"annotations": anns, "categories": categories(), "images": images,
+    world.write_json(INSTANCES, {"annotations": anns, "categories": categories(), "images": images,
                                                  "info": {"description": "mini world RefCOCO+"},
                                                  "licenses": LICENSES})
     for split in ("train", "val", "testA", "testB"):
         world.counts[f"refcoco_{split}_refs"] = sum(1 for r in refs if r["split"] == split)
     world.info["refcoco"] = {"eval_keys": [k for k in used if world.is_eval(k)]}
+
+
+def in_split(split: str, shape: str) -> bool:
+    """Whether a target of ``shape`` may be referred to in ``split`` (testA / testB part the shapes)."""
+    return not (split == "testA" and shape not in TEST_A_SHAPES or split == "testB" and shape in TEST_A_SHAPES)
+
+
+def has_refs(scene, split: str) -> bool:
+    """Whether :func:`write_image_refs` finds a target in ``scene`` for ``split`` (some object of the
+    split's shapes that appearance words single out)."""
+    return any(in_split(split, o.shape) and naming_expressions(scene, t) for t, o in enumerate(scene.objects))
+
+
+def write_image_refs(world: World, rng, key: str, split: str, ann_ids: list[int], refs: list[dict]) -> int:
+    """The refs of COCO image ``key`` in ``split`` (testA: targets of the first shapes, testB: the
+    others), appended to ``refs`` with ref and sentence ids counting on; returns how many (0: the
+    image is not used)."""
+    scene = world.images[key].scene
+    image_id = int(key.split("/")[1])
+    ref_id, sent_id = len(refs), sum(len(r["sentences"]) for r in refs)
+    made = 0
+    for t, obj in enumerate(scene.objects):
+        if not in_split(split, obj.shape):
+            continue
+        exps = referring_expressions(rng, scene, t, comparing=world.cfg.refcoco_expressions == "comparing")
+        if not exps:
+            continue
+        ann_id = ann_ids[t]
+        sents = [{"raw": e, "sent": e, "sent_id": sent_id + k, "tokens": tokenize(e)} for k, e in enumerate(exps)]
+        sent_id += len(sents)
+        refs.append({"ann_id": ann_id, "category_id": obj.category_id,
+                     "file_name": f"COCO_train2014_{image_id:012d}_{ann_id}.jpg", "image_id": image_id,
+                     "ref_id": ref_id + made, "sent_ids": [s["sent_id"] for s in sents], "sentences": sents,
+                     "split": split})
+        made += 1
+    if made:
+        world.use(key, "refcoco", split)
+    return made
 
 
 def _plant_defects(world: World, refs: list[dict], ref_id: int, sent_id: int) -> None:

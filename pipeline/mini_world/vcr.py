@@ -28,37 +28,45 @@ def write_vcr(world: World) -> None:
     test_labels: list[bytes] = []
     train_images = []
     for idx, split in enumerate(splits):
-        movie_no = 3000 + idx // IMAGES_PER_MOVIE
-        movie = f"{movie_no}_MINI_MOVIE"
-        folder = f"lsmdc_{movie}"
-        stem = f"{movie}_00.{idx % IMAGES_PER_MOVIE:02d}.00.000-00.{idx % IMAGES_PER_MOVIE:02d}.04.000@0"
-        img_fn, metadata_fn = f"{folder}/{stem}.jpg", f"{folder}/{stem}.json"
-        rec = world.new_image(rng, "vcr", img_fn, f"vcr/vcr1images/{img_fn}", min_objects=2)
-        w, h = rec.scene.size
-        objs = rec.scene.objects
-        world.write_json(f"vcr/vcr1images/{metadata_fn}", {
-            "boxes": [[float(v) for v in o.box] + [1.0] for o in objs], "height": h, "names": [o.shape for o in objs],
-            "segms": [[[[o.box[0], o.box[1]], [o.box[2], o.box[1]], [o.box[2], o.box[3]], [o.box[0], o.box[3]]]]
-                      for o in objs], "width": w})
-        world.use(rec.key, "vcr", split)
+        key = write_vcr_image(world, rng, text_rng, idx, split, lines[split], test_labels)
         if split == "train":
-            train_images.append(rec.key)
-        items = distinct_draws(lambda: vcr_item(text_rng, rec.scene), key=lambda it: json.dumps(it.question),
-                               n=QUESTIONS_PER_IMAGE)
-        for q, item in enumerate(items):
-            row = {"annot_id": f"{split}-{len(lines[split])}", "answer_choices": item.answers,
-                   "answer_label": item.answer_label, "img_fn": img_fn, "img_id": f"{split}-{idx}",
-                   "metadata_fn": metadata_fn, "movie": movie, "objects": [o.shape for o in objs],
-                   "question": item.question, "question_number": q, "rationale_choices": item.rationales,
-                   "rationale_label": item.rationale_label}
-            if split == "test":  # labels are withheld in the released test file: the leaderboard has them
-                test_labels.append(_line({"annot_id": row["annot_id"], **{k: row.pop(k) for k in LABEL_KEYS}}))
-            lines[split].append(_line(row))
+            train_images.append(key)
     _plant_defects(world, rng, lines, train_images)
     for split, rows in lines.items():
         world.write_lines(f"vcr/{split}.jsonl", rows)
         world.counts[f"vcr_{split}_questions"] = len(rows)
     world.write_lines(TEST_LABELS, test_labels)
+
+
+def write_vcr_image(world: World, rng, text_rng, idx: int, split: str, rows: list[bytes], test_labels: list[bytes],
+                    *, row_base: int = 0) -> str:
+    """Image number ``idx`` of ``split`` with its metadata and up to ``QUESTIONS_PER_IMAGE`` rows,
+    appended to ``rows`` (test labels to ``test_labels``); the rows' annot_ids count on from
+    ``row_base + len(rows)``. Returns the image's key."""
+    movie = f"{3000 + idx // IMAGES_PER_MOVIE}_MINI_MOVIE"
+    folder = f"lsmdc_{movie}"
+    stem = f"{movie}_00.{idx % IMAGES_PER_MOVIE:02d}.00.000-00.{idx % IMAGES_PER_MOVIE:02d}.04.000@0"
+    img_fn, metadata_fn = f"{folder}/{stem}.jpg", f"{folder}/{stem}.json"
+    rec = world.new_image(rng, "vcr", img_fn, f"vcr/vcr1images/{img_fn}", min_objects=2)
+    w, h = rec.scene.size
+    objs = rec.scene.objects
+    world.write_json(f"vcr/vcr1images/{metadata_fn}", {
+        "boxes": [[float(v) for v in o.box] + [1.0] for o in objs], "height": h, "names": [o.shape for o in objs],
+        "segms": [[[[o.box[0], o.box[1]], [o.box[2], o.box[1]], [o.box[2], o.box[3]], [o.box[0], o.box[3]]]]
+                  for o in objs], "width": w})
+    world.use(rec.key, "vcr", split)
+    items = distinct_draws(lambda: vcr_item(text_rng, rec.scene), key=lambda it: json.dumps(it.question),
+                           n=QUESTIONS_PER_IMAGE)
+    for q, item in enumerate(items):
+        row = {"annot_id": f"{split}-{row_base + len(rows)}", "answer_choices": item.answers,
+               "answer_label": item.answer_label, "img_fn": img_fn, "img_id": f"{split}-{idx}",
+               "metadata_fn": metadata_fn, "movie": movie, "objects": [o.shape for o in objs],
+               "question": item.question, "question_number": q, "rationale_choices": item.rationales,
+               "rationale_label": item.rationale_label}
+        if split == "test":  # labels are withheld in the released test file: the leaderboard has them
+            test_labels.append(_line({"annot_id": row["annot_id"], **{k: row.pop(k) for k in LABEL_KEYS}}))
+        rows.append(_line(row))
+    return rec.key
 
 
 def _plant_defects(world: World, rng, lines: dict[str, list[bytes]], train_images: list[str]) -> None:

@@ -18,6 +18,15 @@ SUBTYPE = {"train": "train2014", "val": "val2014", "test": "test2015"}  # split 
 EVAL_SERVER = "vqa/eval_server"  # the test answers, outside the released files
 
 
+def questions_file(split: str) -> str:
+    return f"vqa/v2_OpenEnded_mscoco_{SUBTYPE[split]}_questions.json"
+
+
+def annotations_file(split: str) -> str:
+    """The split's answers: test's lie with the stand-in evaluation server, apart from the release."""
+    return f"{EVAL_SERVER if split == 'test' else 'vqa'}/v2_mscoco_{SUBTYPE[split]}_annotations.json"
+
+
 def _questions_doc(subtype: str, questions: list[dict]) -> dict:
     return {"data_subtype": subtype, "data_type": "mscoco", "info": {"description": "mini world VQA v2",
             "version": "2.0", "year": 2017}, "license": {"name": "Mini World License", "url": "https://example.org"},
@@ -36,8 +45,26 @@ def _annotation(rng: np.random.Generator, item, image_id: int, qid: int) -> dict
         "question_id": qid, "question_type": item.question_type}
 
 
+def write_image_questions(world: World, rng: np.random.Generator, key: str, split: str, questions: list[dict],
+                          annotations: list[dict]) -> None:
+    """Up to ``vqa_questions_per_image`` different questions on COCO image ``key`` (with their 10
+    answers each), appended to ``questions`` and ``annotations``."""
+    image_id = int(key.split("/")[1])
+    scene = world.images[key].scene
+    seen: set[str] = set()
+    for k in range(world.cfg.vqa_questions_per_image):
+        item = vqa_question(rng, scene)
+        if item.question in seen:
+            continue
+        seen.add(item.question)
+        qid = image_id * 1000 + k
+        questions.append({"image_id": image_id, "question": item.question, "question_id": qid})
+        annotations.append(_annotation(rng, item, image_id, qid))
+    world.use(key, "vqa", split)
+
+
 def write_vqa(world: World) -> None:
-    cfg, rng = world.cfg, world.rng("vqa")
+    rng = world.rng("vqa")
     coco = world.info["coco"]
     per_split: dict[str, list[str]] = {"train": [], "val": [], "test": coco["test2015_keys"]}
     for key in coco["keys"]:
@@ -46,24 +73,12 @@ def write_vqa(world: World) -> None:
     for split, keys in per_split.items():
         questions, annotations = [], []
         for key in keys:
-            image_id = int(key.split("/")[1])
-            scene = world.images[key].scene
-            seen: set[str] = set()
-            for k in range(cfg.vqa_questions_per_image):
-                item = vqa_question(rng, scene)
-                if item.question in seen:
-                    continue
-                seen.add(item.question)
-                qid = image_id * 1000 + k
-                questions.append({"image_id": image_id, "question": item.question, "question_id": qid})
-                annotations.append(_annotation(rng, item, image_id, qid))
-            world.use(key, "vqa", split)
+            write_image_questions(world, rng, key, split, questions, annotations)
         subtype = SUBTYPE[split]
         if split == "train":
             _plant_defects(world, rng, questions)
-        world.write_json(f"vqa/v2_OpenEnded_mscoco_{subtype}_questions.json", _questions_doc(subtype, questions))
-        folder = EVAL_SERVER if split == "test" else "vqa"
-        world.write_json(f"{folder}/v2_mscoco_{subtype}_annotations.json", {
+        world.write_json(questions_file(split), _questions_doc(subtype, questions))
+        world.write_json(annotations_file(split), {
             "annotations": annotations, "data_subtype": subtype, "data_type": "mscoco",
             "info": {"description": "mini world VQA v2", "version": "2.0", "year": 2017},
             "license": {"name": "Mini World License", "url": "https://example.org"}})

@@ -75,15 +75,31 @@ class World:
         text = json.dumps(obj, sort_keys=True, indent=indent, separators=None if indent else (",", ":"))
         self.write_bytes(relpath, (text + "\n").encode())
 
+    def read_json(self, relpath: str) -> Any:
+        """A JSON file an earlier writer wrote (pipeline/mini_world/test_extension.py extends some)."""
+        return json.loads((self.root / relpath).read_bytes())
+
     def write_lines(self, relpath: str, lines: list[bytes]) -> None:
         self.write_bytes(relpath, b"".join(line + b"\n" for line in lines))
 
+    def append_lines(self, relpath: str, lines: list[bytes]) -> None:
+        """Lines added at the end of a file an earlier writer wrote (pipeline/mini_world/test_extension.py)."""
+        with (self.root / relpath).open("ab") as f:
+            f.write(b"".join(line + b"\n" for line in lines))
+
     # ------------------------------------------------------------------ images
     def new_image(self, rng: np.random.Generator, source: str, image_id: str, relpath: str, *, fmt: str = "JPEG",
-                  min_objects: int = 1, require: list[tuple[str, str]] | None = None) -> ImageRec:
-        """Sample a new scene, render it perceptually distinct from all others, write it."""
-        scene = sample_scene(rng, size=self.cfg.image_size, max_objects=max(self.cfg.max_objects, min_objects),
-                             min_objects=min_objects, require=require)
+                  min_objects: int = 1, require: list[tuple[str, str]] | None = None,
+                  accept: Callable[[Scene], bool] | None = None) -> ImageRec:
+        """Sample a new scene (again, up to 100 draws, until ``accept`` takes it), render it
+        perceptually distinct from all others, write it."""
+        for _ in range(100):
+            scene = sample_scene(rng, size=self.cfg.image_size, max_objects=max(self.cfg.max_objects, min_objects),
+                                 min_objects=min_objects, require=require)
+            if accept is None or accept(scene):
+                break
+        else:
+            raise RuntimeError(f"no scene for {source}/{image_id} in 100 draws")
         data, _ = self.phash.render_distinct(scene, fmt, self.cfg.jpeg_quality)
         return self._add(ImageRec(source, image_id, relpath, scene, data, f"{source}/{image_id}"))
 

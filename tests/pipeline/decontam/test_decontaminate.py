@@ -333,27 +333,19 @@ def test_missing_manifest_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def mini_chain(tmp_path_factory):
-    """A small mini world, ingested, then decontaminated through the stage CLI."""
-    from pipeline.ingest import ingest
-    from pipeline.__main__ import main
-    from pipeline.params.parser import to_dict
-    from helpers.mini_world import small_config
+    """A small mini world with a few extra test items of every kind (pipeline/mini_world/test_extension.py),
+    ingested, then decontaminated through the stage CLI."""
+    from helpers.mini_world import ingest_and_decontaminate, small_config
     from pipeline.mini_world import generate
 
     base = load_params(REPO / "params.yaml")
     root = tmp_path_factory.mktemp("mini_chain")
     world_dir = root / "raw"
-    generate(small_config(world_dir), base.seed, world_dir, base.eval_splits(), progress=False)
-    default_root = str(base.mini_world.out_dir)
-    overrides = [f"sources.{ds}.{key}={str(value).replace(default_root, str(world_dir), 1)}"
-                 for ds, section in to_dict(base.sources).items() for key, value in section.items()
-                 if str(value).startswith(default_root)]
-    ingest.run(load_params(REPO / "params.yaml", overrides + [f"paths.data={root / 'data'}"]))
-    # decontaminate reads COCO's test image list from sources, so it gets the rebased paths too
-    sets = overrides + [f"paths.data={root / 'data'}", "decontaminate.report_samples=4"]
-    assert main(["decontaminate", "--params", str(REPO / "params.yaml"), *(a for s in sets for a in ("--set", s))]) == 0
+    extras = dict(n_vqa_test_extra=2, n_refcoco_test_extra=2, n_vcr_test_extra=2, n_nlvr2_test_extra_pairs=2)
+    generate(small_config(world_dir, **extras), base.seed, world_dir, base.eval_splits(), progress=False)
+    data = ingest_and_decontaminate(world_dir, root)
     planted = json.loads((world_dir / "planted.json").read_text())
-    return root / "data", planted
+    return data, planted
 
 
 @pytest.mark.slow

@@ -1,0 +1,151 @@
+"""Test items added after the whole world is written: ``mini_world.n_vqa_test_extra`` COCO test2015
+images with their VQA questions, ``n_refcoco_test_extra`` COCO train2014 images with RefCOCO+
+testA / testB refs, ``n_vcr_test_extra`` VCR images and ``n_nlvr2_test_extra_pairs`` NLVR2 pairs.
+
+The world's split plans give each task's test split ~15% of its images, too few for a gain's
+95% interval to resolve 2 points (docs/experiments.md, the protocol of 2026-12-04: test splits are
+sized from the dev intervals). The extra items are drawn here, after every other writer, from
+random streams of their own, and appended to the released test files (and to the answers and labels that VQA's evaluation server and VCR's
+leaderboard hold). So every image, row and planted overlap written before them stays byte for byte as it
+was: the train and dev splits, the pretraining data and every choice made on dev do not move.
+They are eval images like the others (``World.use``), which decontamination removes wherever a
+pretraining source holds them; no overlap is planted on them. RefCOCO+'s images are COCO train2014
+images, in COCO's caption, instance and Karpathy files like every RefCOCO+ image: planted.json lists
+them as eval images that decontamination must take out of COCO, and the cleaned COCO manifest is
+the one a world without them gives.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from pipeline.mini_world.coco import TEST2015_INFO, add_coco_entries, write_test2015_image
+from pipeline.mini_world.refcoco import INSTANCES, REFS, has_refs, write_image_refs
+from pipeline.mini_world.text import coco_captions
+from pipeline.mini_world.urlforms import flickr_url
+from pipeline.mini_world.nlvr2 import write_nlvr2_pair
+from pipeline.mini_world.vcr import TEST_LABELS, write_vcr_image
+from pipeline.mini_world.vqa import annotations_file, questions_file, write_image_questions
+from pipeline.mini_world.world import World
+from pipeline.params.world import COCO_CAPTION_IDS, COCO_IMAGE_IDS, COCO_INSTANCE_IDS
+
+COCO_TRAIN = {"captions": "coco/annotations/captions_train2014.json",
+              "instances": "coco/annotations/instances_train2014.json"}
+KARPATHY = "coco/karpathy/dataset_coco.json"
+
+
+def write_test_extension(world: World) -> None:
+    """Append the configured extra test items of every task that has any."""
+    if world.cfg.n_vqa_test_extra:
+        _extend_vqa(world, world.cfg.n_vqa_test_extra)
+    if world.cfg.n_refcoco_test_extra:
+        _extend_refcoco(world, world.cfg.n_refcoco_test_extra)
+    if world.cfg.n_vcr_test_extra:
+        _extend_vcr(world, world.cfg.n_vcr_test_extra)
+    if world.cfg.n_nlvr2_test_extra_pairs:
+        _extend_nlvr2(world, world.cfg.n_nlvr2_test_extra_pairs)
+
+
+def _extend_vqa(world: World, n_images: int) -> None:
+    """COCO test2015 images with ids no COCO image of the world has, and their VQA test questions."""
+    rng = world.rng("vqa_test_extra")
+    ids = _fresh_ids(rng, COCO_IMAGE_IDS, {int(key.split("/")[1]) for key in world.images if key.startswith("coco/")},
+                     n_images)
+    info = world.read_json(TEST2015_INFO)
+    questions, answers = world.read_json(questions_file("test")), world.read_json(annotations_file("test"))
+    for cid in ids:
+        key, image = write_test2015_image(world, rng, cid)
+        info["images"].append(image)
+        write_image_questions(world, rng, key, "test", questions["questions"], answers["annotations"])
+    world.write_json(TEST2015_INFO, info)
+    world.write_json(questions_file("test"), questions)
+    world.write_json(annotations_file("test"), answers)
+    world.counts["coco_test2015_images"] = len(info["images"])
+    world.counts["vqa_test_questions"] = len(questions["questions"])
+    world.counts["vqa_test_extra_images"] = n_images
+
+
+def _extend_refcoco(world: World, n_images: int) -> None:
+    """COCO train2014 images (Karpathy train) whose refs are all testA (even) or testB (odd): each is
+    drawn until it has a target of its split that appearance words single out, so none stays a
+    plain COCO image that pretraining would keep."""
+    rng, coco = world.rng("refcoco_test_extra"), world.info["coco"]
+    docs = {name: world.read_json(path) for name, path in COCO_TRAIN.items()}
+    karpathy, ref_instances = world.read_json(KARPATHY), world.read_json(INSTANCES)
+    refs = pickle.loads((world.root / REFS).read_bytes())
+    ids = _fresh_ids(rng, COCO_IMAGE_IDS, {int(key.split("/")[1]) for key in world.images if key.startswith("coco/")},
+                     n_images)
+    cap_ids = iter(_fresh_ids(rng, COCO_CAPTION_IDS, {a["id"] for a in docs["captions"]["annotations"]},
+                              n_images * world.cfg.captions_per_image))
+    inst_ids = iter(_fresh_ids(rng, COCO_INSTANCE_IDS, {a["id"] for a in docs["instances"]["annotations"]},
+                               n_images * max(world.cfg.max_objects, 2)))
+    sentid = 1 + max(s for im in karpathy["images"] for s in im["sentids"])
+    parts: dict[str, list] = {"images": [], "captions": [], "instances": []}
+    for j, cid in enumerate(ids):
+        split = ("testA", "testB")[j % 2]
+        fname = f"COCO_train2014_{cid:012d}.jpg"
+        rec = world.new_image(rng, "coco", str(cid), f"coco/images/train2014/{fname}", min_objects=2,
+                              accept=lambda scene: has_refs(scene, split))
+        photo = world.photos.new(rng)
+        caps = coco_captions(rng, rec.scene, world.cfg.captions_per_image)
+        anns = add_coco_entries(parts, karpathy["images"], rec, "train2014", flickr_url(
+            photo, "farm_staticflickr", size="z", https=False), caps, cap_ids, inst_ids, sentid, "train")
+        sentid += len(caps)
+        world.use(rec.key, "coco", "train")
+        write_image_refs(world, rng, rec.key, split, [a["id"] for a in anns], refs)
+        # what the closing listing of eval images (mini_world._register_eval_split_rows) reads
+        coco["keys"].append(rec.key)
+        coco["coco_url"][rec.key] = parts["images"][-1]["coco_url"]
+    docs["captions"]["images"] += parts["images"]
+    docs["captions"]["annotations"] += parts["captions"]
+    docs["instances"]["images"] += parts["images"]
+    docs["instances"]["annotations"] += parts["instances"]
+    ref_instances["images"] += parts["images"]
+    ref_instances["annotations"] += parts["instances"]
+    for name, path in COCO_TRAIN.items():
+        world.write_json(path, docs[name])
+    world.write_json(KARPATHY, karpathy)
+    world.write_json(INSTANCES, ref_instances)
+    world.write_bytes(REFS, pickle.dumps(refs, protocol=2))
+    world.counts["coco_train2014_images"] += n_images
+    world.counts["coco_train2014_captions"] += len(parts["captions"])
+    world.counts["coco_karpathy_train"] += n_images
+    for split in ("testA", "testB"):
+        world.counts[f"refcoco_{split}_refs"] = sum(1 for r in refs if r["split"] == split)
+    world.counts["refcoco_test_extra_images"] = n_images
+
+
+def _fresh_ids(rng: np.random.Generator, pool: int, taken: set[int], n: int) -> list[int]:
+    """``n`` different ids in 1..``pool`` outside ``taken``, in a random order."""
+    drawn = rng.choice(pool, size=min(pool, n + len(taken)), replace=False) + 1
+    ids = [int(i) for i in drawn if int(i) not in taken][:n]
+    if len(ids) < n:
+        raise RuntimeError(f"the id pool of {pool} holds fewer than {n} ids beside the {len(taken)} taken")
+    return ids
+
+
+def _extend_vcr(world: World, n_images: int) -> None:
+    """VCR test images numbered after the world's own ``n_vcr`` (their movies follow its last one)."""
+    rng, text_rng = world.rng("vcr_test_extra"), world.rng("vcr_test_extra_questions")
+    added: list[bytes] = []
+    labels: list[bytes] = []
+    for idx in range(world.cfg.n_vcr, world.cfg.n_vcr + n_images):
+        # annot_ids continue the released test file's numbering ("test-<row>")
+        write_vcr_image(world, rng, text_rng, idx, "test", added, labels, row_base=world.counts["vcr_test_questions"])
+    world.append_lines("vcr/test.jsonl", added)
+    world.append_lines(TEST_LABELS, labels)
+    world.counts["vcr_test_questions"] += len(added)
+    world.counts["vcr_test_extra_images"] = n_images
+
+
+def _extend_nlvr2(world: World, n_pairs: int) -> None:
+    """NLVR2 test1 pairs whose set ids follow the world's own ``n_nlvr2_pairs``."""
+    rng, text_rng = world.rng("nlvr2_test_extra"), world.rng("nlvr2_test_extra_statements")
+    lines: list[bytes] = []
+    for set_id in range(world.cfg.n_nlvr2_pairs, world.cfg.n_nlvr2_pairs + n_pairs):
+        write_nlvr2_pair(world, rng, text_rng, set_id, "test1", lines, query_left=[])
+    world.append_lines("nlvr2/test1.json", lines)
+    world.counts["nlvr2_test1_statements"] += len(lines)
+    world.counts["nlvr2_test_extra_pairs"] = n_pairs
