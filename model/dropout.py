@@ -81,6 +81,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     return explicit_attention(q, k, v, attn_mask, dropout_p)
 
 
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """The output of :func:`attention`, [B, heads, L, d], as [B, L, heads * d]: each position's heads
+    side by side, the layout the output projection expects."""
+    b, heads, length, d = x.shape
+    return x.transpose(1, 2).reshape(b, length, heads * d)
+
+
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                        dropout_p: float) -> torch.Tensor:
     """softmax(q kᵀ / √d, masked) v with the probabilities dropped by :func:`dropout` (none when

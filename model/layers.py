@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import UniterConfig
-from model.dropout import Dropout, attention
+from model.dropout import Dropout, attention, merge_heads
 
 __all__ = ["Encoder", "Pooler", "SelfAttention", "TransformerLayer", "init_bert_weights", "set_dropout"]
 
@@ -58,10 +58,9 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, L, H], attn_mask bool [B, 1, 1, L] (True = key may be attended) -> [B, L, H]."""
-        b, length, hidden = x.shape
+        b, length, _ = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)
-        return self.proj(out.transpose(1, 2).reshape(b, length, hidden))
+        return self.proj(merge_heads(attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)))
 
 
 class TransformerLayer(nn.Module):

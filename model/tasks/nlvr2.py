@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import IMAGE_TYPE, UniterConfig
-from model.dropout import Dropout, attention
+from model.dropout import Dropout, attention, merge_heads
 from model.tasks.common import TaskOutput, UniterTaskModel, answer_mlp, metrics_to_floats
 
 __all__ = ["LEFT_IMAGE_TYPE", "NLVR2_HEADS", "NLVR2_VARIANTS", "RIGHT_IMAGE_TYPE", "UniterForNlvr2"]
@@ -64,14 +64,14 @@ class CrossAttention(nn.MultiheadAttention):
             raise ValueError("CrossAttention does not return attention weights")
         w_q, w_k, w_v = self.in_proj_weight.chunk(3)
         b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-        b, length, hidden = query.shape
+        b = query.shape[0]
 
         def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H / heads]
             return x.view(b, -1, self.num_heads, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(F.linear(query, w_q, b_q)), heads(F.linear(key, w_k, b_k)), heads(F.linear(value, w_v, b_v))
         out = attention(q, k, v, ~key_padding_mask[:, None, None, :], self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(b, length, hidden)), None
+        return self.out_proj(merge_heads(out)), None
 
 
 class BiAttention(nn.Module):
