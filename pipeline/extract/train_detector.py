@@ -2,7 +2,10 @@
 
 Reads ``<mini_world.out_dir>/scenes.json`` (docs/design.md §4: every rendered image with its
 objects' boxes and categories). Trains on the COCO train2014 images, except ``holdout_images`` of
-them (a seeded draw) kept for evaluation. The recipe (docs/design.md §8): from scratch, AdamW, linear
+them (a seeded draw) kept for evaluation and the images of RefCOCO+'s val and test splits
+(``sources.refcoco.refs``): RefCOCO+ is scored on the detector's boxes, and the referring-expression
+convention (MAttNet's detector, which UNITER's RefCOCO+ numbers use) trains the detector on COCO's
+train images without those. The recipe (docs/design.md §8): from scratch, AdamW, linear
 warm-up then cosine decay, horizontal flips (every shape of the mini world is left-right
 symmetric). The schedule runs over ``max_iters`` iterations; with ``max_minutes > 0`` it also
 runs against the clock (progress = the larger of the two fractions) and stops when time is up, so
@@ -65,13 +68,25 @@ def class_table(scenes: dict) -> list[tuple[int, str, str]]:
     return [(cid, *found[cid]) for cid in sorted(found)]
 
 
-def load_scenes(world: Path, *, holdout: int, seed: int) -> tuple[list[SceneImage], list[SceneImage], list]:
-    """Train / held-out COCO train2014 images of the mini world, and the class table."""
+def refcoco_eval_images(refs_path: Path) -> set[str]:
+    """``coco/<image_id>`` of every image a RefCOCO+ val / test ref is about (``refs(unc).p``)."""
+    from pipeline.ingest.sources.refcoco import load_plain_pickle
+
+    refs = load_plain_pickle(refs_path)
+    return {f"coco/{r['image_id']}" for r in refs
+            if isinstance(r, dict) and r.get("split") not in (None, "train") and "image_id" in r}
+
+
+def load_scenes(world: Path, *, holdout: int, seed: int,
+                exclude: frozenset[str] = frozenset()) -> tuple[list[SceneImage], list[SceneImage], list]:
+    """Train / held-out COCO train2014 images of the mini world (none of ``exclude``, image keys
+    ``coco/<id>``), and the class table."""
     path = world / "scenes.json"
     scenes = json.loads(path.read_text(encoding="utf-8"))
     table = class_table(scenes)
     index = {cid: i for i, (cid, _, _) in enumerate(table)}
-    keys = sorted(k for k, s in scenes.items() if k.startswith("coco/") and "/train2014/" in f"/{s['path']}")
+    keys = sorted(k for k, s in scenes.items()
+                  if k.startswith("coco/") and "/train2014/" in f"/{s['path']}" and k not in exclude)
     if len(keys) <= holdout:
         raise ValueError(f"{path}: {len(keys)} COCO train2014 images, need more than holdout_images={holdout}")
     images = []
@@ -224,13 +239,14 @@ def run(params: Params) -> dict:
     torch.manual_seed(params.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False  # NaN-filling every new tensor costs ~10%
-    train_set, held_set, table = load_scenes(world, holdout=cfg.holdout_images, seed=params.seed)
+    excluded = frozenset(refcoco_eval_images(Path(params.sources.refcoco.refs)))
+    train_set, held_set, table = load_scenes(world, holdout=cfg.holdout_images, seed=params.seed, exclude=excluded)
     train_images, held_images = _decode_all(train_set), _decode_all(held_set)
     class_names, shapes = [name for _, name, _ in table], [shape for _, _, shape in table]
     model, d2cfg = build_model("mini", num_classes=len(table), image_size=params.mini_world.image_size)
     deadline = start + cfg.max_minutes * 60.0 - EVAL_RESERVE_S if cfg.max_minutes > 0 else None
-    log.info("train_detector: %d train / %d held-out images, %d classes, up to %d iterations%s",
-             len(train_set), len(held_set), len(table), cfg.max_iters,
+    log.info("train_detector: %d train / %d held-out images (%d RefCOCO+ val/test images left out), %d classes, "
+             "up to %d iterations%s", len(train_set), len(held_set), len(excluded), len(table), cfg.max_iters,
              f" or {cfg.max_minutes:g} min" if deadline else "")
     stats = train(model, d2cfg, train_set, train_images, max_iters=cfg.max_iters, ims_per_batch=cfg.ims_per_batch,
                   lr=cfg.lr, deadline=deadline, seed=params.seed)
@@ -251,7 +267,9 @@ def run(params: Params) -> dict:
     out = params.paths.data / "models" / "detector"
     record = RunRecord("train_detector", params.section_digest("seed", "mini_world", "extract"))
     record.inputs["scenes"] = world / "scenes.json"
+    record.inputs["refcoco_refs"] = Path(params.sources.refcoco.refs)
     record.counts.update({"train_images": len(train_set), "holdout_images": len(held_set),
+                          "excluded_refcoco_eval_images": len(excluded),
                           "holdout_objects": quality["objects"], "iterations": stats["iterations"]})
     record.extra.update({"quality": quality, "training": stats, "targets_met": metrics["targets_met"],
                          "threads": torch.get_num_threads(), "train_params": to_dict(cfg)})

@@ -12,10 +12,8 @@ They are eval images like the others (``World.use``), which decontamination remo
 pretraining source holds them; no overlap is planted on them. RefCOCO+'s images are COCO train2014
 images, in COCO's caption, instance and Karpathy files like every RefCOCO+ image: planted.json lists
 them as eval images that decontamination must take out of COCO, and the cleaned COCO manifest is
-the one a world without them gives. The detector of the mini world, though, trains on the boxes of
-every COCO train2014 image (``train_detector``), RefCOCO+'s eval images among them as before, so
-it sees these too: with ``n_refcoco_test_extra`` the detector, every region feature and every score
-downstream move.
+the one a world without them gives, and the mini detector leaves them out of its training as it
+does every RefCOCO+ val and test image (``train_detector``).
 """
 
 from __future__ import annotations

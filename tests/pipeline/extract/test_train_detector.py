@@ -4,6 +4,7 @@ extracts; the held-out scoring against hand-made regions."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,8 @@ from helpers.scene_kit import CATEGORIES, write_coco_world
 
 from pipeline.extract.detector.build import load_detector
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
-from pipeline.extract.train_detector import (SceneImage, box_iou, class_table, load_scenes, run,
-                                             score_regions)
+from pipeline.extract.train_detector import (SceneImage, box_iou, class_table, load_scenes, refcoco_eval_images,
+                                             run, score_regions)
 from pipeline.ingest.image_io import decode_image
 from pipeline.params.parser import load_params
 
@@ -23,21 +24,36 @@ pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not i
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def write_refs(path: Path, splits: dict[str, str]) -> Path:
+    """A RefCOCO+ ``refs(unc).p`` with one ref per ``{"coco/<id>": split}``, plus a ref without its image id."""
+    refs = [{"ref_id": k, "image_id": int(key.split("/")[1]), "split": split, "sentences": []}
+            for k, (key, split) in enumerate(splits.items())]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(refs + [{"ref_id": len(refs), "split": "testA"}], protocol=2))
+    return path
+
+
 def test_short_training_run_saves_a_usable_detector(tmp_path):
     world = tmp_path / "mini"
     scenes = write_coco_world(world, n_images=8, size=64)
+    keys = sorted(scenes)
+    # RefCOCO+ is scored on the detector's boxes: its val / test images are not trained on
+    refs = write_refs(world / "refcoco+" / "refs(unc).p", {keys[0]: "testA", keys[1]: "train", keys[2]: "val"})
     params = load_params(ROOT / "params.yaml", [
         f"paths.data={tmp_path / 'data'}", f"mini_world.out_dir={world}", "mini_world.image_size=64",
         "extract.train.max_iters=3", "extract.train.ims_per_batch=2", "extract.train.holdout_images=2",
-        "extract.train.max_minutes=0"], check_paths=False)
+        "extract.train.max_minutes=0", f"sources.refcoco.refs={refs}"], check_paths=False)
     metrics = run(params)
     out = tmp_path / "data" / "models" / "detector"
     assert {p.name for p in out.iterdir()} >= {"model_final.pth", "config.yaml", "metrics.json", "_run.json"}
     record = json.loads((out / "_run.json").read_text())
-    assert record["counts"]["iterations"] == 3 and record["counts"]["train_images"] == 6
-    assert record["counts"]["holdout_images"] == 2
-    held_objects = sum(len(s["objects"]) for k, s in scenes.items()
-                       if k in {sc.key for sc in load_scenes(world, holdout=2, seed=params.seed)[1]})
+    assert record["counts"]["iterations"] == 3 and record["counts"]["train_images"] == 4
+    assert record["counts"]["holdout_images"] == 2 and record["counts"]["excluded_refcoco_eval_images"] == 2
+    excluded = refcoco_eval_images(refs)
+    assert excluded == {keys[0], keys[2]}
+    train_set, held_set, _ = load_scenes(world, holdout=2, seed=params.seed, exclude=frozenset(excluded))
+    assert not excluded & {s.key for s in train_set + held_set} and keys[1] in {s.key for s in train_set + held_set}
+    held_objects = sum(len(s["objects"]) for k, s in scenes.items() if k in {sc.key for sc in held_set})
     assert record["quality"]["objects"] == held_objects
     for key in ("recall", "shape_acc", "class_acc"):
         assert 0.0 <= record["quality"][key] <= 1.0 and record["quality"][key] == metrics["quality"][key]
