@@ -87,13 +87,20 @@ gpu-check: $(STAMP)
 # `dvc exp run` leaves its experiment applied (params.yaml's seed, data/, dvc.lock): afterwards, or
 # when a run fails, params.yaml and dvc.lock are put back as they were and data/ checked out to
 # match, so the workspace keeps the run the seeds were measured against.
+# TASK=<task>: that task alone, through `python -m pipeline seeds` (pipeline/finetune/seed_sweep.py),
+# in side data roots under data/seeds/<task>/ that read the run's stores: the run stays as it is.
 SEEDS ?= 1 2 3
+TASK ?=
 seeds: $(STAMP)
+ifneq ($(TASK),)
+	$(BIN)/python -m pipeline seeds $(TASK) --seeds $(SEEDS)
+else
 	@test -f dvc.lock || { echo "make seeds: no dvc.lock here; run make demo first (the seeds fine-tune its pretrained model)" >&2; exit 2; }
 	set -e; keep=$$(mktemp -d); cp params.yaml dvc.lock "$$keep"/; \
 	trap 'cp "$$keep"/params.yaml "$$keep"/dvc.lock . && $(BIN)/dvc checkout -q; rm -r "$$keep"' EXIT; \
 	for s in $(SEEDS); do $(BIN)/dvc exp run -S finetune.seed=$$s --name ft-seed$$s; done
 	$(BIN)/python -m pipeline report spread --exps $(foreach s,$(SEEDS),ft-seed$(s)) --md data/reports/spread.md
+endif
 
 clean-venv:
 	rm -rf $(VENV)

@@ -52,6 +52,8 @@ TOOLS: dict[str, Stage] = {
     for s in (
         Stage("report", "pipeline.report.cli:main", "inspect reports: `report cleaning [DATASET] [--show N]`"),
         Stage("db", "pipeline.stores.db_cli:main", "inspect stores: `db inspect PATH --key ID`, `db stats PATH`"),
+        Stage("seeds", "pipeline.finetune.seed_sweep:main",
+              "one task fine-tuned under other seeds beside the run: `seeds vcr --seeds 1 2 3`"),
     )
 }
 

@@ -1,0 +1,167 @@
+"""``python -m pipeline seeds TASK``: one task fine-tuned again under other seeds, and its gain's spread.
+
+Usage (after ``make demo``, from the repository root)::
+
+    python -m pipeline seeds vcr --seeds 1 2 3          # or: make seeds TASK=vcr SEEDS="1 2 3"
+    python -m pipeline seeds nlvr2 --seeds 1 2 --set finetune.per_task.nlvr2.steps=600
+
+A test split's paired interval covers the sampling of test items, not the training draw; this
+measures the draw for one task at the cost of that task alone (``make seeds`` without ``TASK``
+reruns every task per seed through ``dvc exp run``). Each seed S runs the real ``finetune`` stage
+with ``finetune.seed=S`` in a side data root, ``<out>/seed<S>/``, whose ``db`` and start model
+(``models/<init>``) are links to the run's own: the run's outputs are never touched. The seed
+changes the heads' start, the batch order and dropout of both starts; the pretrained model and the
+data stay the same. Writes ``<out>/spread.json`` and ``<out>/spread.md``: per headline metric, each
+seed's pretrained and non-pretrained scores and gain with its interval, and over the seeds the
+mean, sample sd and range of each (``pipeline.report.seed_spread.spread``).
+Exit status 2 for bad arguments or params (an unknown task, no scratch start to compare with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from pipeline.params.parser import Params
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("pretrained", "scratch", "gain")
+LoadParams = Callable[[list[str]], Params]  # extra ``--set`` overrides -> parsed params
+
+
+def seed_root(out: Path, seed: int) -> Path:
+    return out / f"seed{seed}"
+
+
+def link_inputs(data: Path, root: Path, init_name: str) -> None:
+    """Make ``root`` a data root that reads ``data``'s stores and start model (symlinks) and writes its own."""
+    for rel in ("db", f"models/{init_name}"):
+        source, link = (data / rel).resolve(), root / rel
+        if not source.is_dir():
+            raise FileNotFoundError(f"{source}: missing; run the pipeline up to the task first (make demo)")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() and link.resolve() == source:
+            continue
+        if link.exists() or link.is_symlink():
+            raise FileExistsError(f"{link}: exists and is not a link to {source}")
+        link.symlink_to(source, target_is_directory=True)
+
+
+def sweep(load: LoadParams, task: str, seeds: Sequence[int], out: Path) -> dict[int, dict[str, Any]]:
+    """Run stage ``finetune`` for ``task`` once per seed in ``out/seed<S>``; returns {seed: metrics record}."""
+    from pipeline.finetune.finetune import run as finetune
+    from pipeline.finetune.tasks import task_class
+    from pipeline.params.pretrain import output_name
+
+    base = load([])
+    init_name = output_name(task_class(task).init_stage, base.pretrain.out_name)
+    records = {}
+    for n, seed in enumerate(seeds, 1):
+        root = seed_root(out, seed)
+        link_inputs(Path(base.paths.data), root, init_name)
+        log.info("seeds: %s, seed %d (%d/%d) in %s", task, seed, n, len(seeds), root)
+        records[seed] = finetune(load([f"paths.data={root}", f"finetune.seed={seed}"]), task)[task]
+    return records
+
+
+def spread_rows(records: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per headline metric (the records' ``summary`` keys): ``per_seed`` {seed: {pretrained,
+    scratch, gain, low, high}} and the spread over seeds of each of COLUMNS."""
+    from pipeline.report.seed_spread import spread
+
+    rows = []
+    for key in next(iter(records.values()))["summary"]:
+        per_seed = {}
+        for seed, record in records.items():
+            entry = record["summary"][key]
+            interval = entry.get("gain_interval") or {}
+            per_seed[seed] = {"pretrained": entry["pretrained"], "scratch": entry["scratch"], "gain": entry["gain"],
+                              "low": interval.get("low"), "high": interval.get("high")}
+        rows.append({"metric": key, "label": records[next(iter(records))]["summary"][key].get("label", key),
+                     "per_seed": per_seed,
+                     **{c: spread([float(v[c]) for v in per_seed.values()]) for c in COLUMNS}})
+    return rows
+
+
+def _interval(v: Mapping[str, Any]) -> str:
+    return "–" if v["low"] is None else f"[{v['low']:+.2f}, {v['high']:+.2f}]"
+
+
+def spread_markdown(task: str, rows: list[dict[str, Any]]) -> str:
+    lines = [f"# {task}: fine-tuning over seeds", ""]
+    for r in rows:
+        lines += [f"## {r['label']} (`{r['metric']}`)", "", "| seed | pretrained | non-pretrained | gain | 95% interval |",
+                  "|---:|---:|---:|---:|---|"]
+        lines += [f"| {s} | {v['pretrained']:.2f} | {v['scratch']:.2f} | {v['gain']:+.2f} | {_interval(v)} |"
+                  for s, v in r["per_seed"].items()]
+        lines += ["", "Over the seeds, mean ± sample sd (min..max): " + "; ".join(
+            f"{c} {r[c]['mean']:.2f} ± {r[c]['sd']:.2f} ({r[c]['min']:.2f}..{r[c]['max']:.2f})" for c in COLUMNS), ""]
+    return "\n".join(lines)
+
+
+def write_spread(task: str, records: Mapping[int, Mapping[str, Any]], out: Path) -> list[dict[str, Any]]:
+    rows = spread_rows(records)
+    (out / "spread.json").write_text(json.dumps({"task": task, "seeds": list(records), "rows": rows}, indent=1))
+    (out / "spread.md").write_text(spread_markdown(task, rows))
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline seeds",
+                                description="Fine-tune one task under several seeds beside the run; its gain's spread.")
+    p.add_argument("task", help="the task (one of finetune.tasks' names)")
+    p.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="finetune.seed values")
+    p.add_argument("--out", type=Path, help="where the seeds' data roots and the spread go (default: <data>/seeds/<task>)")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one params key for every seed (repeatable)")
+    return p
+
+
+def check_args(args: argparse.Namespace, params: Params) -> str | None:
+    """The reason the sweep cannot run with these arguments, or None."""
+    from pipeline.params.finetune import TASKS
+
+    if args.task not in TASKS:
+        return f"unknown task {args.task!r}; expected one of {list(TASKS)}"
+    if not params.finetune.compare_scratch:
+        return "finetune.compare_scratch is false: there is no non-pretrained start to measure a gain against"
+    if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 2:
+        return f"--seeds needs at least 2 distinct seeds, got {args.seeds}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.params.parser import ParamsError, load_params
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def load(extra: list[str]) -> Params:
+        return load_params(args.params, [*args.overrides, *extra])
+
+    try:
+        params = load([])
+    except ParamsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    problem = check_args(args, params)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    out = args.out or Path(params.paths.data) / "seeds" / args.task
+    try:
+        records = sweep(load, args.task, args.seeds, out)
+    except (FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for r in write_spread(args.task, records, out):
+        g, each = r["gain"], ", ".join(f"{v['gain']:+.2f}" for v in r["per_seed"].values())
+        print(f"{args.task} {r['label']}: gain {g['mean']:+.2f} ± {g['sd']:.2f} over seeds {list(records)} ({each})")
+    print(f"written: {out / 'spread.md'}")
+    return 0
