@@ -8,8 +8,8 @@ Usage (after ``make demo``, from the repository root)::
 A test split's paired interval covers the sampling of test items, not the training draw; this
 measures the draw for one task at the cost of that task alone (``make seeds`` without ``TASK``
 reruns every task per seed through ``dvc exp run``). Each seed S runs the real ``finetune`` stage
-with ``finetune.seed=S`` in a side data root, ``<out>/seed<S>/``, whose ``db`` and start model
-(``models/<init>``) are links to the run's own: the run's outputs are never touched. The seed
+with ``finetune.seed=S`` in a side data root, ``<out>/seed<S>/``, whose ``db``, ``manifests`` and
+start model (``models/<init>``) are links to the run's own: the run's outputs are never touched. The seed
 changes the heads' start, the batch order and dropout of both starts; the pretrained model and the
 data stay the same. Writes ``<out>/spread.json`` and ``<out>/spread.md``: per headline metric, each
 seed's pretrained and non-pretrained scores and gain with its interval, and over the seeds the
@@ -31,6 +31,9 @@ from pipeline.params.parser import Params
 log = logging.getLogger(__name__)
 
 COLUMNS = ("pretrained", "scratch", "gain")
+# what stage finetune reads under paths.data besides its start model (dvc.yaml's deps of finetune@*):
+# the stores, and the manifests (VQA's human answers score its accuracy)
+SHARED_INPUTS = ("db", "manifests")
 LoadParams = Callable[[list[str]], Params]  # extra ``--set`` overrides -> parsed params
 
 
@@ -39,8 +42,8 @@ def seed_root(out: Path, seed: int) -> Path:
 
 
 def link_inputs(data: Path, root: Path, init_name: str) -> None:
-    """Make ``root`` a data root that reads ``data``'s stores and start model (symlinks) and writes its own."""
-    for rel in ("db", f"models/{init_name}"):
+    """Make ``root`` a data root that reads ``data``'s inputs of the stage (symlinks) and writes its own."""
+    for rel in (*SHARED_INPUTS, f"models/{init_name}"):
         source, link = (data / rel).resolve(), root / rel
         if not source.is_dir():
             raise FileNotFoundError(f"{source}: missing; run the pipeline up to the task first (make demo)")

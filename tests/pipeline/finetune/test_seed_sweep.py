@@ -39,13 +39,13 @@ def test_spread_rows_give_each_seed_and_the_spread_of_every_column():
 
 def test_link_inputs_links_the_stores_and_refuses_to_shadow_a_real_directory(tmp_path):
     data = tmp_path / "data"
-    for rel in ("db/txt", "models/pretrain_vcr"):
+    for rel in ("db/txt", "manifests", "models/pretrain_vcr"):
         (data / rel).mkdir(parents=True)
     root = tmp_path / "seeds" / "seed1"
     link_inputs(data, root, "pretrain_vcr")
     link_inputs(data, root, "pretrain_vcr")  # a second sweep reuses the links
     assert (root / "db").resolve() == (data / "db").resolve() and (root / "db" / "txt").is_dir()
-    assert (root / "models" / "pretrain_vcr").is_symlink()
+    assert (root / "models" / "pretrain_vcr").is_symlink() and (root / "manifests").is_symlink()
     other = tmp_path / "seeds" / "seed2"
     (other / "db").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="seed2/db: exists and is not a link"):
@@ -67,25 +67,28 @@ def test_bad_arguments_exit_2_and_say_why(argv, message, capsys, monkeypatch):
 
 
 @pytest.mark.stage
-def test_each_seed_runs_the_real_stage_beside_the_run_and_repeats_it(tmp_path_factory):
-    """Two seeds of VCR (the second-stage start) in side roots; the run's own data root gets no
-    fine-tuning output, and a seed's record is the one the stage writes for that seed in place."""
+@pytest.mark.parametrize("task, start", [("vcr", "pretrain_vcr"), ("vqa", "pretrain")])
+def test_each_seed_runs_the_real_stage_beside_the_run_and_repeats_it(tmp_path_factory, task, start):
+    """Two seeds in side roots (VCR: the second-stage start; VQA: also reads the manifests' human
+    answers); the run's own data root gets no fine-tuning output, and a seed's record is the one
+    the stage writes for that seed in place."""
     from pipeline.finetune.finetune import run as finetune
 
     data = world(tmp_path_factory)
-    overrides = (budget("vcr", steps=2), "finetune.compare_scratch=true")
-    out = data / "seeds" / "vcr"
-    records = sweep(lambda extra: ft_params(data, *overrides, *extra), "vcr", [1, 2], out)
+    overrides = (budget(task, steps=2), "finetune.compare_scratch=true")
+    out = data / "seeds" / task
+    records = sweep(lambda extra: ft_params(data, *overrides, *extra), task, [1, 2], out)
     assert set(records) == {1, 2}
-    assert not (data / "models" / "vcr").exists() and not (data / "metrics").exists()
+    assert not (data / "models" / task).exists() and not (data / "metrics").exists()
     for seed in (1, 2):
-        written = json.loads((out / f"seed{seed}" / "metrics" / "vcr.json").read_text())
-        assert written == records[seed] and set(written["summary"]["test/q2ar"]) >= {"pretrained", "scratch", "gain"}
-        assert (out / f"seed{seed}" / "models" / "pretrain_vcr").is_symlink()
-    rows = write_spread("vcr", records, out)
+        written = json.loads((out / f"seed{seed}" / "metrics" / f"{task}.json").read_text())
+        assert written == records[seed]
+        assert all({"pretrained", "scratch", "gain"} <= set(e) for e in written["summary"].values())
+        assert (out / f"seed{seed}" / "models" / start).is_symlink()
+    rows = write_spread(task, records, out)
     saved = json.loads((out / "spread.json").read_text())
     assert saved["seeds"] == [1, 2] and saved["rows"] == json.loads(json.dumps(rows))
     assert "| 2 |" in (out / "spread.md").read_text()
     # the same seed in the run's own root: the same record (the side root changes nothing it reads)
-    direct = finetune(ft_params(data, *overrides, "finetune.seed=2"), "vcr")["vcr"]
+    direct = finetune(ft_params(data, *overrides, "finetune.seed=2"), task)[task]
     assert direct == records[2]
