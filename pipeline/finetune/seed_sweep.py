@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.params.parser import Params
+from pipeline.report.seed_spread import COLUMNS, spread
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("pretrained", "scratch", "gain")
 # what stage finetune reads under paths.data besides its start model (dvc.yaml's deps of finetune@*):
 # the stores, and the manifests (VQA's human answers score its accuracy)
 SHARED_INPUTS = ("db", "manifests")
@@ -75,17 +75,16 @@ def sweep(load: LoadParams, task: str, seeds: Sequence[int], out: Path) -> dict[
 def spread_rows(records: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per headline metric (the records' ``summary`` keys): ``per_seed`` {seed: {pretrained,
     scratch, gain, low, high}} and the spread over seeds of each of COLUMNS."""
-    from pipeline.report.seed_spread import spread
-
+    first = next(iter(records.values()))["summary"]
     rows = []
-    for key in next(iter(records.values()))["summary"]:
+    for key in first:
         per_seed = {}
         for seed, record in records.items():
             entry = record["summary"][key]
             interval = entry.get("gain_interval") or {}
             per_seed[seed] = {"pretrained": entry["pretrained"], "scratch": entry["scratch"], "gain": entry["gain"],
                               "low": interval.get("low"), "high": interval.get("high")}
-        rows.append({"metric": key, "label": records[next(iter(records))]["summary"][key].get("label", key),
+        rows.append({"metric": key, "label": first[key].get("label", key),
                      "per_seed": per_seed,
                      **{c: spread([float(v[c]) for v in per_seed.values()]) for c in COLUMNS}})
     return rows
