@@ -177,8 +177,31 @@ def extraction(plan: Plan, device, precision: str) -> dict:
             "regions_per_image": sum(found) / len(found), "peak_memory_mb": peak_memory_mb(device)}
 
 
-def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: float) -> dict:
-    """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine."""
+def profile_steps(step, n: int, device, out: Path) -> str:
+    """Run ``step(i)`` ``n`` times under torch.profiler; write its operator table to ``out`` -> the path.
+
+    The table (top 40 operators by self device time on a GPU, self CPU time on the CPU) says where
+    a step's time goes, so one GPU slot also yields what the next change should target.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        for i in range(n):
+            step(i)
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# {n} steps, sorted by {key}\n" + prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+    return str(out)
+
+
+def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: float,
+             profile_dir: Path | None = None) -> dict:
+    """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine
+    (+ with ``profile_dir``, an operator table of one more task cycle: ``pretrain_profile.txt``)."""
     import torch
 
     from bench.pretrain import EngineLoop, flops_per_step
@@ -205,8 +228,11 @@ def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: f
     # whole task cycles: the mean FLOPs per step over the cycle times the steps is the work done
     tokens = sum(units(batches[i % len(batches)]) for i in range(len(times)))
     tflops = flops * len(times) / seconds / 1e12
+    profiled = None if profile_dir is None else profile_steps(
+        lambda i: loop.step(batches[i % len(batches)]), len(PRETRAIN_CYCLE), device,
+        profile_dir / "pretrain_profile.txt")
     del loop
-    return {"preset": plan.preset, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    return {"profile": profiled, "preset": plan.preset, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
             "precision": precision, "zero_stage": zero_stage, "batch": plan.batch, "max_txt_len": plan.txt_len,
             "max_regions": plan.regions, "tasks": list(PRETRAIN_CYCLE), "steps": len(times), "seconds": seconds,
             "step_s": seconds / len(times), "tokens_per_s": tokens / seconds, "gflop_per_step": flops / 1e9,
@@ -324,7 +350,11 @@ def run_section(name: str, fn, results: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - one failed section must not cost the other figures of a GPU slot
         results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
     results[name]["wall_s"] = time.perf_counter() - start
-    print(f"[gpu-check] {name}: {json.dumps(results[name], default=str)[:400]}", flush=True)
+    # every figure in full (a run cut off before the JSON is written still leaves them in its log)
+    shown = {k: v for k, v in results[name].items() if k != "traceback"}
+    print(f"[gpu-check] {name}: {json.dumps(shown, default=str)}", flush=True)
+    if "traceback" in results[name]:
+        print(results[name]["traceback"][-2000:], flush=True)
 
 
 def goals(sections: dict, dry: bool, tolerance: float) -> dict:
@@ -348,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="device peak dense bf16 TFLOP/s (H200: 989)")
     ap.add_argument("--zero-stage", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=2e-2, help="numerics: max relative loss difference")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="also write DIR/pretrain_profile.txt: torch.profiler's table of one pretraining task cycle")
     args = ap.parse_args(argv)
     # the Makefile exports DS_ACCELERATOR=cpu for the CPU pipeline; DeepSpeed reads it on import
     os.environ["DS_ACCELERATOR"] = "cpu" if args.dry else "cuda"
@@ -364,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict = {}
     run_section("extraction", lambda: extraction(plan, device, precision), sections)
     with process_group(device.type):
-        run_section("pretrain", lambda: pretrain(plan, device, precision, args.zero_stage, args.peak_tflops),
-                    sections)
+        run_section("pretrain", lambda: pretrain(plan, device, precision, args.zero_stage, args.peak_tflops,
+                                                 args.profile), sections)
         run_section("finetune", lambda: finetune(plan, device, precision, args.zero_stage), sections)
     run_section("numerics", lambda: numerics(plan, device, args.tolerance), sections)
     report = {"dry": args.dry, **environment(device), "plan": asdict(plan), "sections": sections,

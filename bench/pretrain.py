@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -474,10 +475,11 @@ def synthetic_main(args: argparse.Namespace) -> int:
 
     s = EngineSettings(device=device, precision=precision, world_size=1, zero_stage=zero, grad_accum=1,
                        grad_clip=2.0, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, warmup_steps=10,
-                       total_steps=10 * n_batches)
+                       total_steps=10 * n_batches, extra=args.ds_config)
     print(f"device {device} ({torch.cuda.get_device_name(device) if gpu else f'{torch.get_num_threads()} threads'}), "
           f"{precision}, preset {preset} ({sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params), "
-          f"batch {batch} x (<= {args.txt_len} text + <= {regions} regions), tasks {tasks}, ZeRO-{zero}")
+          f"batch {batch} x (<= {args.txt_len} text + <= {regions} regions), tasks {tasks}, ZeRO-{zero}"
+          + (f", DeepSpeed config + {json.dumps(args.ds_config)}" if args.ds_config else ""))
     with process_group(device.type):
         plain = PlainLoop(copy.deepcopy(base), s, prepare)
         engine = EngineLoop(copy.deepcopy(base), s, prepare)
@@ -533,6 +535,9 @@ def main() -> int:
     syn.add_argument("--img-dim", type=int, default=2048)
     syn.add_argument("--classes", type=int, default=1601)
     syn.add_argument("--tasks", default="mlm,mrfr,mrc_kl,itm", help="cycled, one per step")
+    syn.add_argument("--ds-config", type=json.loads, default={}, metavar="JSON",
+                     help="merged over the engine's DeepSpeed config, as params.yaml pretrain.deepspeed is "
+                          "(e.g. '{\"bf16\": {\"check_grad_overflow\": false}}')")
     syn.add_argument("--peak-tflops", type=float, default=989.0, help="device peak dense bf16 TFLOP/s (H200: 989)")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", args.device)  # read when deepspeed is first imported

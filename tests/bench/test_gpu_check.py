@@ -37,9 +37,13 @@ def positive(value) -> bool:
 
 def test_dry_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "gpu_check.json"
-    proc = run("--dry", "--out", str(out))
+    proc = run("--dry", "--out", str(out), "--profile", str(tmp_path / "profile"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
+    # --profile: the operator table of one task cycle, naming the matmuls the steps ran
+    table = (tmp_path / "profile" / "pretrain_profile.txt").read_text()
+    assert report["sections"]["pretrain"]["profile"].endswith("pretrain_profile.txt")
+    assert "aten::" in table and ("aten::addmm" in table or "aten::mm" in table), table[:2000]
 
     assert report["dry"] is True
     assert all(report.get(k) not in (None, "") for k in ENVIRONMENT if k != "cuda"), report
