@@ -15,6 +15,7 @@ import time
 from pipeline.common.exiting import exit_now
 from pipeline.common.malloc import keep_freed_memory
 from pipeline.common.openmp import set_stage_wait_policy
+from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import stage_clock
 from pipeline.stages import STAGES, TOOLS, resolve
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in TOOLS:
         return int(resolve(TOOLS[argv[0]].entry)(argv[1:]) or 0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     from pipeline.params.parser import ParamsError, load_params
 
     try:

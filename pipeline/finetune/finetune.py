@@ -36,6 +36,7 @@ import torch
 from model.config import UniterConfig
 from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
+from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.finetune.paired import paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
@@ -234,7 +235,7 @@ def _train_start_child(params: Params, name: str, init: str, threads: int, preci
     from pipeline.training.launch import LAUNCH_ENV
 
     keep_freed_memory()  # as the stage process did: malloc's settings are not inherited by a spawned child
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [{init}]: %(message)s")
+    configure_logging(f"[{init}]")
     torch.set_num_threads(threads)
     for key in LAUNCH_ENV:  # inherited from the parent's one-rank group: this process is a group of its own
         os.environ.pop(key, None)

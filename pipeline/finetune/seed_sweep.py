@@ -55,20 +55,27 @@ def link_inputs(data: Path, root: Path, init_name: str) -> None:
         link.symlink_to(source, target_is_directory=True)
 
 
-def sweep(load: LoadParams, task: str, seeds: Sequence[int], out: Path) -> dict[int, dict[str, Any]]:
-    """Run stage ``finetune`` for ``task`` once per seed in ``out/seed<S>``; returns {seed: metrics record}."""
+def sweep(load: LoadParams, base: Params, task: str, seeds: Sequence[int], out: Path, *,
+          wait: bool | float = True) -> dict[int, dict[str, Any]]:
+    """Run stage ``finetune`` for ``task`` once per seed in ``out/seed<S>``; returns {seed: metrics record}.
+
+    ``base``: the run's params (``load([])``). Each seed's run holds the stage's locks on its side
+    root, as ``python -m pipeline finetune`` does on the run's, so two sweeps into one ``out`` wait
+    (``wait``: as ``UNITER_LOCK_WAIT``) instead of writing one directory together.
+    """
+    from pipeline.common.locking import stage_locks
     from pipeline.finetune.finetune import run as finetune
     from pipeline.finetune.tasks import task_class
     from pipeline.params.pretrain import output_name
 
-    base = load([])
     init_name = output_name(task_class(task).init_stage, base.pretrain.out_name)
     records = {}
     for n, seed in enumerate(seeds, 1):
         root = seed_root(out, seed)
         link_inputs(Path(base.paths.data), root, init_name)
         log.info("seeds: %s, seed %d (%d/%d) in %s", task, seed, n, len(seeds), root)
-        records[seed] = finetune(load([f"paths.data={root}", f"finetune.seed={seed}"]), task)[task]
+        with stage_locks(root, "finetune", task, wait=wait):
+            records[seed] = finetune(load([f"paths.data={root}", f"finetune.seed={seed}"]), task)[task]
     return records
 
 
@@ -139,10 +146,12 @@ def check_args(args: argparse.Namespace, params: Params) -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    from pipeline.common.locking import BUSY_EXIT, LockBusy, wait_from_env
+    from pipeline.common.progress import configure_logging
     from pipeline.params.parser import ParamsError, load_params
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
 
     def load(extra: list[str]) -> Params:
         return load_params(args.params, [*args.overrides, *extra])
@@ -158,7 +167,15 @@ def main(argv: list[str]) -> int:
         return 2
     out = args.out or Path(params.paths.data) / "seeds" / args.task
     try:
-        records = sweep(load, args.task, args.seeds, out)
+        wait = wait_from_env()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        records = sweep(load, params, args.task, args.seeds, out, wait=wait)
+    except LockBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return BUSY_EXIT
     except (FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

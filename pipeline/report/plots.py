@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
+from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import atomic_dir, atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, help="dvclive root (default: <paths.data>/metrics)")
     parser.add_argument("--out", type=Path, help="output folder (default: <paths.data>/reports/plots)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if args.metrics is None or args.out is None:
         from pipeline.params.parser import load_params
 

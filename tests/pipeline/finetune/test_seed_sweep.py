@@ -54,6 +54,26 @@ def test_link_inputs_links_the_stores_and_refuses_to_shadow_a_real_directory(tmp
         link_inputs(data, tmp_path / "seeds" / "seed3", "pretrain")
 
 
+def test_a_seed_root_another_sweep_is_writing_is_not_written(tmp_path, capsys, monkeypatch):
+    """The stage's own lock on the side root: with UNITER_LOCK_WAIT=0 the second sweep exits 3
+    before the stage starts, and the holder is named."""
+    from pipeline.common.locking import BUSY_EXIT, stage_lock
+
+    monkeypatch.chdir(ROOT)
+    data = tmp_path / "data"
+    for rel in ("db", "manifests", "models/pretrain_vcr"):
+        (data / rel).mkdir(parents=True)
+    out = tmp_path / "sweep"
+    (out / "seed1").mkdir(parents=True)
+    monkeypatch.setenv("UNITER_LOCK_WAIT", "0")
+    with stage_lock(out / "seed1", "finetune", shared=True), stage_lock(out / "seed1", "finetune@vcr"):
+        status = main(["vcr", "--seeds", "1", "2", "--out", str(out), "--set", f"paths.data={data}"])
+    assert status == BUSY_EXIT
+    err = capsys.readouterr().err
+    assert "finetune@vcr is being written by another run" in err
+    assert not (out / "seed1" / "models" / "vcr").exists() and not (out / "seed2").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nope", "--seeds", "1", "2"], "unknown task 'nope'"),
     (["vcr", "--seeds", "1", "1"], "at least 2 distinct seeds"),
@@ -77,7 +97,8 @@ def test_each_seed_runs_the_real_stage_beside_the_run_and_repeats_it(tmp_path_fa
     data = world(tmp_path_factory)
     overrides = (budget(task, steps=2), "finetune.compare_scratch=true")
     out = data / "seeds" / task
-    records = sweep(lambda extra: ft_params(data, *overrides, *extra), task, [1, 2], out)
+    load = lambda extra: ft_params(data, *overrides, *extra)  # noqa: E731
+    records = sweep(load, load([]), task, [1, 2], out)
     assert set(records) == {1, 2}
     assert not (data / "models" / task).exists() and not (data / "metrics").exists()
     for seed in (1, 2):
