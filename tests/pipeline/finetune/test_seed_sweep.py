@@ -95,7 +95,9 @@ def test_each_seed_runs_the_real_stage_beside_the_run_and_repeats_it(tmp_path_fa
     from pipeline.finetune.finetune import run as finetune
 
     data = world(tmp_path_factory)
-    overrides = (budget(task, steps=2), "finetune.compare_scratch=true")
+    # the starts one after the other in this process: no child process start-up per run (the
+    # parallel starts give the same result: test_finetune.py)
+    overrides = (budget(task, steps=2), "finetune.compare_scratch=true", "finetune.parallel_starts=false")
     out = data / "seeds" / task
     load = lambda extra: ft_params(data, *overrides, *extra)  # noqa: E731
     records = sweep(load, load([]), task, [1, 2], out)
