@@ -158,18 +158,32 @@ kill_session() {
 }
 
 cmd_stop() {
-  local name
+  local name pid names=() pids=()
   for pid_file in "$PIDS"/*.pid; do  # whatever `start` started, of either stack
     [[ -e "$pid_file" ]] || continue
     name="$(basename "$pid_file" .pid)"
     if running "$name"; then
-      local pid; pid="$(cat "$PIDS/$name.pid")"
+      pid="$(cat "$PIDS/$name.pid")"
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-      kill_session "$pid" KILL  # what is left, running tasks included
-      echo "stopped $name"
+      names+=("$name"); pids+=("$pid")
+    else
+      rm -f "$pid_file"
     fi
-    rm -f "$PIDS/$name.pid"
+  done
+  # every process was asked at once, so their shutdowns overlap: wait for them together, 30 s at
+  # most, then end whatever is left of each session (running tasks included)
+  local deadline=$((SECONDS + 30)) alive
+  while (( SECONDS < deadline )); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    (( alive )) || break
+    sleep 0.2
+  done
+  local i
+  for i in "${!pids[@]}"; do
+    kill_session "${pids[$i]}" KILL
+    echo "stopped ${names[$i]}"
+    rm -f "$PIDS/${names[$i]}.pid"
   done
 }
 
