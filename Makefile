@@ -80,7 +80,7 @@ test-unit: $(STAMP)
 # numerics in <= 8 min on one GPU -> $(OUT_JSON) (default gpu_check.json). DRY=1: the same script
 # on the CPU with tiny shapes (`make test` runs it via tests/bench/test_gpu_check.py).
 gpu-check: $(STAMP)
-	$(BIN)/python bench/gpu_check.py $(if $(DRY),--dry) --out $(or $(OUT_JSON),gpu_check.json)
+	$(BIN)/python bench/gpu_check.py $(if $(DRY),--dry) --out $(or $(OUT_JSON),gpu_check.json) $(if $(PROFILE),--profile $(PROFILE))
 
 # Fine-tuning spread over seeds (docs/experiments.md): one `dvc exp run` per seed that changes only
 # finetune.seed (same data, same pretrained model: only the finetune@* stages rerun), then the table.
