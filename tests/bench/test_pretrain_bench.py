@@ -36,3 +36,14 @@ def test_stage_bench_prints_every_loop_and_the_target_line():
     assert sum(line.startswith("round ") for line in lines) == 2
     assert re.search(r"^b/a = \d\.\d{3}$", proc.stdout, re.M)
     assert re.search(r"^c/a = \d\.\d{3}  target >= 0\.85: (met|NOT met)$", proc.stdout, re.M)
+
+
+def test_synthetic_bench_hands_ds_config_to_deepspeed():
+    """--ds-config is merged into the config DeepSpeed parses: the header names the change, and a
+    key DeepSpeed does not know is refused by DeepSpeed's own validation (one run, ~6 s)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--world", "synthetic", "--preset", "tiny", "--batch", "4",
+                           "--steps", "2", "--rounds", "1", "--threads", "1",
+                           "--ds-config", '{"bf16": {"no_such_key": 1}}'],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert 'DeepSpeed config + {"bf16": {"no_such_key": 1}}' in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode != 0 and "no_such_key" in proc.stderr and "extra_forbidden" in proc.stderr
