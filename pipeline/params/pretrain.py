@@ -92,16 +92,19 @@ def recipe_overrides(values: Mapping[str, Any], recipe: str) -> dict[str, Any]:
 
 # pretrain.deepspeed: DeepSpeed config sections a user may add or extend (merged over the config the
 # engine builds). Keys that params already set are refused, so one value has one home.
-DEEPSPEED_SECTIONS = ("zero_optimization", "activation_checkpointing", "flops_profiler", "comms_logger",
+DEEPSPEED_SECTIONS = ("zero_optimization", "bf16", "activation_checkpointing", "flops_profiler", "comms_logger",
                       "wall_clock_breakdown", "memory_breakdown", "steps_per_print", "tensorboard", "csv_monitor",
                       "wandb", "comet", "aio", "checkpoint", "communication_data_type", "prescale_gradients",
                       "gradient_predivide_factor", "data_types", "timers", "compile")
 DEEPSPEED_OWNED = {"train_batch_size": "pretrain.world_size x optim.grad_accum",
                    "train_micro_batch_size_per_gpu": "one token bucket (pretrain.batch_tokens)",
                    "gradient_accumulation_steps": "pretrain.optim.grad_accum",
-                   "gradient_clipping": "pretrain.optim.grad_clip", "bf16": "pretrain.precision",
+                   "gradient_clipping": "pretrain.optim.grad_clip", "bf16.enabled": "pretrain.precision",
                    "fp16": "pretrain.precision", "optimizer": "pretrain.optim.*", "scheduler": "pretrain.optim.*",
                    "zero_optimization.stage": "pretrain.zero_stage"}
+# sections a user may extend but one of whose keys params own (e.g. bf16.check_grad_overflow is the
+# user's, bf16.enabled is pretrain.precision's)
+DEEPSPEED_SHARED = ("zero_optimization", "bf16")
 
 
 def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
@@ -111,11 +114,12 @@ def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
             return f"{key} is set by {DEEPSPEED_OWNED[key]}; set it there"
         if key not in DEEPSPEED_SECTIONS:
             return f"unknown DeepSpeed section {key!r}; expected one of {sorted(DEEPSPEED_SECTIONS)}"
-        if key == "zero_optimization":
+        if key in DEEPSPEED_SHARED:
             if not isinstance(value, Mapping):
-                return f"zero_optimization must be a mapping, got {value!r}"
-            if "stage" in value:
-                return f"zero_optimization.stage is set by {DEEPSPEED_OWNED['zero_optimization.stage']}; set it there"
+                return f"{key} must be a mapping, got {value!r}"
+            owned = [f"{key}.{sub}" for sub in value if f"{key}.{sub}" in DEEPSPEED_OWNED]
+            if owned:
+                return f"{owned[0]} is set by {DEEPSPEED_OWNED[owned[0]]}; set it there"
     return None
 
 

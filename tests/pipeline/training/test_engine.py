@@ -51,6 +51,9 @@ def test_extra_deepspeed_config_is_merged_over_the_generated_one():
     assert cfg["zero_optimization"]["stage"] == 2 and cfg["zero_optimization"]["contiguous_gradients"] is True
     assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     assert cfg["flops_profiler"] == {"enabled": True} and cfg["train_batch_size"] == 8
+    # a bf16 key of the user's joins the engine's own bf16 section, whose `enabled` stays the precision's
+    cfg = deepspeed_config(settings(precision="bf16", extra={"bf16": {"check_grad_overflow": False}}))
+    assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": False}
 
 
 def test_pretrain_deepspeed_refuses_what_params_own_and_unknown_sections(tmp_path):
@@ -59,8 +62,14 @@ def test_pretrain_deepspeed_refuses_what_params_own_and_unknown_sections(tmp_pat
     repo = __import__("pathlib").Path(__file__).resolve().parents[3]
     ok = load_params(repo / "params.yaml", ["pretrain.deepspeed={activation_checkpointing: {partition_activations: true}}"])
     assert ok.pretrain.deepspeed["activation_checkpointing"] == {"partition_activations": True}
+    # bf16's overflow check is the user's (docs/gpu.md measures it); bf16 itself is pretrain.precision's
+    ok = load_params(repo / "params.yaml", ["pretrain.deepspeed={bf16: {check_grad_overflow: false}}"])
+    assert ok.pretrain.deepspeed == {"bf16": {"check_grad_overflow": False}}
     for value, message in (("{gradient_clipping: 1.0}", "set by pretrain.optim.grad_clip"),
                            ("{zero_optimization: {stage: 3}}", "set by pretrain.zero_stage"),
+                           ("{bf16: {enabled: true}}", "bf16.enabled is set by pretrain.precision"),
+                           ("{bf16: true}", "bf16 must be a mapping"),
+                           ("{fp16: {enabled: true}}", "fp16 is set by pretrain.precision"),
                            ("{flops_profile: {enabled: true}}", "unknown DeepSpeed section 'flops_profile'")):
         with pytest.raises(ParamsError, match=message):
             load_params(repo / "params.yaml", [f"pretrain.deepspeed={value}"])
