@@ -20,6 +20,8 @@ import time
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 ENV = "UNITER_PROGRESS"
+MODES = ("bar", "lines", "off")
+INTERVAL_S = 30.0
 # every entry point's log line; ``tag`` (a fine-tuning start's name) goes after the logger's name
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s{tag}: %(message)s"
 
@@ -27,9 +29,6 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s{tag}: %(message)s"
 def configure_logging(tag: str = "") -> None:
     """INFO logging to stderr in the project's one line format (``tag``: e.g. ``"[scratch]"``)."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(tag=f" {tag}" if tag else ""))
-
-MODES = ("bar", "lines", "off")
-INTERVAL_S = 30.0
 
 
 def track(iterable: Iterable | None = None, *, total: float | None = None, desc: str = "", unit: str = "it",

@@ -158,3 +158,18 @@ def test_a_terminal_gets_a_tqdm_bar(caplog):
 
 def test_durations_read_hours_minutes_seconds():
     assert [format_duration(s) for s in (0, 59.9, 61, 3600 * 27 + 5)] == ["0:00:00", "0:00:59", "0:01:01", "27:00:05"]
+
+
+@pytest.mark.parametrize("tag, name_part", [("", "pipeline.x: "), ("[scratch]", "pipeline.x [scratch]: ")])
+def test_every_entry_point_logs_one_line_format(tag, name_part):
+    """configure_logging (stage processes, tools, the fine-tuning start processes): time, level,
+    logger, the optional tag, then the message, on stderr."""
+    import re
+    import subprocess
+    import sys
+
+    code = ("from pipeline.common.progress import configure_logging; import logging; "
+            f"configure_logging({tag!r}); logging.getLogger('pipeline.x').info('hello')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO " + re.escape(name_part) + "hello\n", proc.stderr)
