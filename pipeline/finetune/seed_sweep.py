@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.params.parser import Params
-from pipeline.report.seed_spread import COLUMNS, spread
+from pipeline.report.seed_spread import COLUMNS, spread, spread_cell
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def spread_markdown(task: str, rows: list[dict[str, Any]]) -> str:
         lines += [f"| {s} | {v['pretrained']:.2f} | {v['scratch']:.2f} | {v['gain']:+.2f} | {_interval(v)} |"
                   for s, v in r["per_seed"].items()]
         lines += ["", "Over the seeds, mean ± sample sd (min..max): " + "; ".join(
-            f"{c} {r[c]['mean']:.2f} ± {r[c]['sd']:.2f} ({r[c]['min']:.2f}..{r[c]['max']:.2f})" for c in COLUMNS), ""]
+            f"{c} {spread_cell(r[c], digits=2)}" for c in COLUMNS), ""]
     return "\n".join(lines)
 
 

@@ -61,17 +61,18 @@ def spread_rows(exps: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for (task, metric), entry in values.items()]
 
 
-def _cell(s: Mapping[str, Any] | None) -> str:
+def spread_cell(s: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """A :func:`spread` as ``mean ± sd (min..max)`` with ``digits`` decimals; ``–`` for none."""
     if not s:
         return "–"
-    return f"{s['mean']:.1f} ± {s['sd']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
 
 
 def spread_markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
     lines = [f"Over {len(names)} fine-tuning seeds ({', '.join(names)}): mean ± sample sd (min..max).", "",
              "| task | metric | pretrained | non-pretrained | gain |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['task']} | {r['label']} | {_cell(r.get('pretrained'))} | {_cell(r.get('scratch'))} "
-              f"| {_cell(r.get('gain'))} |" for r in rows]
+    lines += [f"| {r['task']} | {r['label']} | {spread_cell(r.get('pretrained'))} | {spread_cell(r.get('scratch'))} "
+              f"| {spread_cell(r.get('gain'))} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +92,7 @@ def show_spread(args: argparse.Namespace, console: Console) -> int:
     for column in ("task", "metric", "pretrained", "non-pretrained", "gain"):
         table.add_column(column, justify="left" if column in ("task", "metric") else "right")
     for r in rows:
-        table.add_row(r["task"], r["label"], *(_cell(r.get(c)) for c in COLUMNS))
+        table.add_row(r["task"], r["label"], *(spread_cell(r.get(c)) for c in COLUMNS))
     console.print(table)
     if args.md:
         Path(args.md).write_text(spread_markdown(rows, names))
