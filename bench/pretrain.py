@@ -508,6 +508,20 @@ def synthetic_main(args: argparse.Namespace) -> int:
 
 
 
+def ds_config(text: str) -> dict:
+    """``--ds-config``: a JSON object that params.yaml's ``pretrain.deepspeed`` would accept (the same
+    check, so a change measured here can be made in params), else an argparse error naming the key."""
+    from pipeline.params.pretrain import deepspeed_problem
+
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    problem = deepspeed_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -535,7 +549,7 @@ def main() -> int:
     syn.add_argument("--img-dim", type=int, default=2048)
     syn.add_argument("--classes", type=int, default=1601)
     syn.add_argument("--tasks", default="mlm,mrfr,mrc_kl,itm", help="cycled, one per step")
-    syn.add_argument("--ds-config", type=json.loads, default={}, metavar="JSON",
+    syn.add_argument("--ds-config", type=ds_config, default={}, metavar="JSON",
                      help="merged over the engine's DeepSpeed config, as params.yaml pretrain.deepspeed is "
                           "(e.g. '{\"bf16\": {\"check_grad_overflow\": false}}')")
     syn.add_argument("--peak-tflops", type=float, default=989.0, help="device peak dense bf16 TFLOP/s (H200: 989)")

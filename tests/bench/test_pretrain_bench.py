@@ -47,3 +47,7 @@ def test_synthetic_bench_hands_ds_config_to_deepspeed():
                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert 'DeepSpeed config + {"bf16": {"no_such_key": 1}}' in proc.stdout, proc.stdout[-2000:]
     assert proc.returncode != 0 and "no_such_key" in proc.stderr and "extra_forbidden" in proc.stderr
+    # a key params own is refused as params refuse it, before anything runs
+    owned = subprocess.run([sys.executable, str(SCRIPT), "--world", "synthetic", "--ds-config", '{"fp16": {}}'],
+                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert owned.returncode == 2 and "fp16 is set by pretrain.precision" in owned.stderr, owned.stderr[-2000:]
