@@ -27,13 +27,20 @@ NUM_CHOICES = 4
 VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}
 
 
-def vcr_accuracies(qa_right: set[str], qar_right: set[str], qa_ids: list[str], qar_ids: list[str]) -> dict[str, float]:
-    """Q→A over the questions scored for answers, QA→R over those scored for rationales, Q→AR over
-    the questions scored for both: right only when the answer and the rationale are both right."""
+def q2ar_scores(qa_right: set[str], qar_right: set[str], qa_ids: list[str], qar_ids: list[str]) -> dict[str, float]:
+    """{question id: 1.0 or 0.0} of Q→AR over the questions scored for both an answer and a
+    rationale: right only when both were picked right."""
     both = set(qa_ids) & set(qar_ids)
+    return {e: float(e in qa_right and e in qar_right) for e in sorted(both)}
+
+
+def vcr_accuracies(qa_right: set[str], qar_right: set[str], qa_ids: list[str], qar_ids: list[str]) -> dict[str, float]:
+    """Q→A over the questions scored for answers, QA→R over those scored for rationales, Q→AR
+    (:func:`q2ar_scores`) over those scored for both."""
+    q2ar = q2ar_scores(qa_right, qar_right, qa_ids, qar_ids)
     return {"q2a": percent(len(qa_right & set(qa_ids)), len(qa_ids)),
             "qa2r": percent(len(qar_right & set(qar_ids)), len(qar_ids)),
-            "q2ar": percent(len(qa_right & qar_right & both), len(both)), "questions": len(both)}
+            "q2ar": percent(sum(q2ar.values()), len(q2ar)), "questions": len(q2ar)}
 
 
 class VcrTask(FinetuneTask):
@@ -102,8 +109,7 @@ class VcrTask(FinetuneTask):
             qar_right, _ = self.correct_ids(model, "qar", split, device)
             qa, qar = self.dataset("qa", split), self.dataset("qar", split)
             metrics[split] = vcr_accuracies(qa_right, qar_right, qa.ids, qar.ids)
-            both = set(qa.ids) & set(qar.ids)
-            items[f"{split}/q2ar"] = scored_items(qa.db, {e: float(e in qa_right and e in qar_right) for e in both})
+            items[f"{split}/q2ar"] = scored_items(qa.db, q2ar_scores(qa_right, qar_right, qa.ids, qar.ids))
         return EvalResult(metrics=metrics, artifacts={}, items=items)
 
     def chance(self) -> dict[str, float]:
