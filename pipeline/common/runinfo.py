@@ -1,8 +1,9 @@
 """Run records, digests, atomic writes and completion markers shared by every stage.
 
 Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
-digests, code version, counts, wall time. Writers go through :func:`atomic_write_bytes` /
-:func:`atomic_dir` so a killed stage never leaves a half-written file at its final path.
+digests, code version, the machine, counts, wall time, peak memory. Writers go through
+:func:`atomic_write_bytes` / :func:`atomic_dir` so a killed stage never leaves a half-written file
+at its final path.
 """
 
 from __future__ import annotations
@@ -99,6 +100,21 @@ def machine() -> dict[str, Any]:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             info["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
     return info
+
+
+def peak_rss_mb() -> dict[str, float]:
+    """Peak resident memory in MB, from ``getrusage``: ``process``, this process's since it began
+    (in a stage process: the stage's peak, imports included), and ``children``, the largest of the
+    child processes it has waited for (fine-tuning starts, extraction workers, ranks; 0 when none).
+    {} where the ``resource`` module is missing (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return {}
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    usage = {who: resource.getrusage(flag).ru_maxrss * unit / 2**20
+             for who, flag in (("process", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
+    return {who: round(mb, 1) for who, mb in usage.items()}
 
 
 def _cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
@@ -236,6 +252,7 @@ class RunRecord:
             "machine": machine(),
             "counts": self.counts,
             "wall_time_s": round(time.time() - self._start, 3),
+            "peak_rss_mb": peak_rss_mb(),
             **self.extra,
         }
         atomic_write_json(Path(out_dir) / name, record)

@@ -63,3 +63,15 @@ def test_the_machine_record_names_the_cpu_beyond_its_model_name(tmp_path):
     assert runinfo._cpu_fields(tmp_path / "a")["model name"] == "AMD EPYC"
     assert runinfo._cpu_fields(tmp_path / "missing") == {} and runinfo._cpu_identity({}) == {}
     assert {"cpu", "cpu_id", "cpu_flags"} <= set(runinfo.machine())
+
+
+def test_the_record_has_the_peak_memory_of_the_process_and_of_a_waited_for_child(tmp_path):
+    import subprocess
+    import sys
+
+    # a child that holds 300 MB resident (written, so the pages are touched) before it exits
+    subprocess.run([sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"], check=True)
+    RunRecord("extract@coco", "digest").write(tmp_path)
+    peak = json.loads((tmp_path / runinfo.RUN_FILE).read_text())["peak_rss_mb"]
+    assert peak["children"] >= 300, peak
+    assert 0 < peak["process"] < 100_000, peak
