@@ -104,17 +104,20 @@ def machine() -> dict[str, Any]:
 
 def peak_rss_mb() -> dict[str, float]:
     """Peak resident memory in MB, from ``getrusage``: ``process``, this process's since it began
-    (in a stage process: the stage's peak, imports included), and ``children``, the largest of the
-    child processes it has waited for (fine-tuning starts, extraction workers, ranks; 0 when none).
+    (in a stage process: the stage's peak, imports included), and ``child``, the largest peak of
+    the child processes it has waited for (fine-tuning starts, extraction workers, ranks), given
+    only when it exceeds ``process``: on Linux a child started by fork counts the parent's resident
+    size at that moment (even ``git``, run for the record), so a smaller child cannot be told apart.
+    Children running at once add up: two fine-tuning starts hold up to twice ``child``.
     {} where the ``resource`` module is missing (Windows)."""
     try:
         import resource
     except ImportError:
         return {}
     unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    usage = {who: resource.getrusage(flag).ru_maxrss * unit / 2**20
-             for who, flag in (("process", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
-    return {who: round(mb, 1) for who, mb in usage.items()}
+    process, child = (round(resource.getrusage(who).ru_maxrss * unit / 2**20, 1)
+                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return {"process": process, **({"child": child} if child > process else {})}
 
 
 def _cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
