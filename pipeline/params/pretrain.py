@@ -102,9 +102,9 @@ DEEPSPEED_OWNED = {"train_batch_size": "pretrain.world_size x optim.grad_accum",
                    "gradient_clipping": "pretrain.optim.grad_clip", "bf16.enabled": "pretrain.precision",
                    "fp16": "pretrain.precision", "optimizer": "pretrain.optim.*", "scheduler": "pretrain.optim.*",
                    "zero_optimization.stage": "pretrain.zero_stage"}
-# sections a user may extend but one of whose keys params own (e.g. bf16.check_grad_overflow is the
-# user's, bf16.enabled is pretrain.precision's)
-DEEPSPEED_SHARED = ("zero_optimization", "bf16")
+# sections a user may extend but one of whose keys params own, read off the dotted keys above (e.g.
+# bf16.check_grad_overflow is the user's, bf16.enabled is pretrain.precision's)
+DEEPSPEED_SHARED = frozenset(key.split(".", 1)[0] for key in DEEPSPEED_OWNED if "." in key)
 
 
 def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
