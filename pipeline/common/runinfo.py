@@ -103,13 +103,13 @@ def machine() -> dict[str, Any]:
 
 
 def peak_rss_mb() -> dict[str, float]:
-    """Peak resident memory in MB (2**20 bytes), from ``getrusage``: ``process``, this process's since it began
-    (in a stage process: the stage's peak, imports included), and ``child``, the largest peak of
-    the child processes it has waited for (fine-tuning starts, extraction workers, ranks), given
-    only when it exceeds ``process``: on Linux a child started by fork counts the parent's resident
-    size at that moment (even ``git``, run for the record), so a smaller child cannot be told apart.
-    Children running at once add up: two fine-tuning starts hold up to twice ``child``.
-    {} where the ``resource`` module is missing (Windows)."""
+    """Peak resident memory in MB (2**20 bytes), from ``getrusage``: ``process``, this process's
+    since it began (in a stage process: the stage's peak, imports included), and ``child``, the
+    largest peak of the child processes it has waited for (fine-tuning starts, extraction workers,
+    ranks), given only when it exceeds ``process``: on Linux a child started by fork counts the
+    parent's resident size at that moment (even ``git``, run for the record), so a smaller child
+    cannot be told apart. Children running at once add up: two fine-tuning starts hold up to twice
+    ``child``. {} where the ``resource`` module is missing (Windows)."""
     try:
         import resource
     except ImportError:
