@@ -319,7 +319,9 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
 def default_run(tmp_path_factory):
     repo = fresh_copy(tmp_path_factory.mktemp("default"))
     start = time.time()
-    log = dvc(["repro"], repo, timeout=5400, alone=True)
+    # the limit catches a hang, not a slow CPU: the ~2 GHz AVX2-only EPYC took 86 min in fp32 before
+    # the test splits grew (docs/throughput.md), and a failure by time says nothing about the results
+    log = dvc(["repro"], repo, timeout=3 * 3600, alone=True)
     seconds = time.time() - start
     print(f"default-params dvc repro: {seconds / 60:.1f} min on {os.cpu_count()} CPUs")
     (repo / "repro.log").write_text(log)  # per-stage times ("<stage> finished in Ns") for the docs
