@@ -14,7 +14,7 @@ from pipeline.mini_world.scenes import COLOURS, SHAPES, Scene, relation
 from pipeline.mini_world.text import article, number_word, plural
 
 RELATIONS = ("to the left of", "to the right of", "above", "below")
-EDGE_OF = {"to the left of": "left", "to the right of": "right", "above": "top", "below": "bottom"}
+OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}
 
 
 # ------------------------------------------------------------------ VQA
@@ -92,18 +92,26 @@ def _choices(rng: np.random.Generator, right: list, wrong: list[list]) -> tuple[
     return picked, label
 
 
-def vcr_item(rng: np.random.Generator, scene: Scene) -> VcrItem:
-    """A colour or relation question with object tags ([i] index lists) as in VCR's jsonl."""
+def vcr_item(rng: np.random.Generator, scene: Scene, *, shape_rng: np.random.Generator) -> VcrItem:
+    """A colour or relation question with object tags ([i] index lists) as in VCR's jsonl.
+
+    ``rng`` draws the question, the choices' order and both labels; ``shape_rng`` (a stream of its
+    own, so that adding it moved none of ``rng``'s draws) the wrong shapes of relation rationales.
+    Both kinds' right rationale names the tagged object's shape, so QA->R needs the image.
+    """
     objs = scene.objects
     if len(objs) >= 2 and rng.random() < 0.5:
         i, j = (int(v) for v in rng.choice(len(objs), size=2, replace=False))
-        rel = relation(objs[i], objs[j])
-        q = ["Where", "is", [i], "compared", "to", [j], "?"]
+        rel, shape = relation(objs[i], objs[j]), objs[i].shape
         ans = {r: [[i], "is", *r.split(), [j], "."] for r in RELATIONS}
-        why = {r: ["Because", [i], "is", "closer", "to", "the", EDGE_OF[r], "edge", "than", [j], "."] for r in RELATIONS}
         answers, a_label = _choices(rng, ans[rel], [ans[r] for r in RELATIONS if r != rel])
-        rationales, r_label = _choices(rng, why[rel], [why[r] for r in RELATIONS if r != rel])
-        return VcrItem(q, answers, a_label, rationales, r_label)
+        # two wrong shapes drawn (a fixed pick would let the three shapes shown name the right one)
+        # and the opposite relation: the answer's words rule out one, only the image the other two
+        why = [(str(s), rel) for s in shape_rng.choice([s for s in SHAPES if s != shape], size=2, replace=False)]
+        why.append((shape, OPPOSITE[rel]))
+        right, wrong = _relation_rationale(i, j, shape, rel), [_relation_rationale(i, j, s, r) for s, r in why]
+        rationales, r_label = _choices(rng, right, wrong)
+        return VcrItem(["Where", "is", [i], "compared", "to", [j], "?"], answers, a_label, rationales, r_label)
     i = int(rng.integers(len(objs)))
     o = objs[i]
     q = ["What", "color", "is", [i], "?"]
@@ -114,6 +122,11 @@ def vcr_item(rng: np.random.Generator, scene: Scene) -> VcrItem:
     wrong += [["Because", [i], "is", article(c), c, o.shape, "."] for c in COLOURS if c != o.colour][:2]
     rationales, r_label = _choices(rng, right, wrong)
     return VcrItem(q, answers, a_label, rationales, r_label)
+
+
+def _relation_rationale(i: int, j: int, shape: str, rel: str) -> list:
+    """"Because [i] is a <shape> <relation> [j] ." as a VCR token list."""
+    return ["Because", [i], "is", article(shape), shape, *rel.split(), [j], "."]
 
 
 # ------------------------------------------------------------------ NLVR2

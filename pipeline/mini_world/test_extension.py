@@ -27,7 +27,7 @@ from pipeline.mini_world.refcoco import INSTANCES, REFS, has_refs, write_image_r
 from pipeline.mini_world.text import coco_captions
 from pipeline.mini_world.urlforms import flickr_url
 from pipeline.mini_world.nlvr2 import write_nlvr2_pair
-from pipeline.mini_world.vcr import TEST_LABELS, write_vcr_image
+from pipeline.mini_world.vcr import SHAPE_STREAM, TEST_LABELS, write_vcr_image
 from pipeline.mini_world.vqa import annotations_file, questions_file, write_image_questions
 from pipeline.mini_world.world import World
 from pipeline.params.world import COCO_CAPTION_IDS, COCO_IMAGE_IDS, COCO_INSTANCE_IDS
@@ -130,11 +130,13 @@ def _fresh_ids(rng: np.random.Generator, pool: int, taken: set[int], n: int) -> 
 def _extend_vcr(world: World, n_images: int) -> None:
     """VCR test images numbered after the world's own ``n_vcr`` (their movies follow its last one)."""
     rng, text_rng = world.rng("vcr_test_extra"), world.rng("vcr_test_extra_questions")
+    shape_rng = world.rng(f"vcr_test_extra_{SHAPE_STREAM}")
     added: list[bytes] = []
     labels: list[bytes] = []
     for idx in range(world.cfg.n_vcr, world.cfg.n_vcr + n_images):
         # annot_ids continue the released test file's numbering ("test-<row>")
-        write_vcr_image(world, rng, text_rng, idx, "test", added, labels, row_base=world.counts["vcr_test_questions"])
+        write_vcr_image(world, rng, text_rng, idx, "test", added, labels, shape_rng=shape_rng,
+                        row_base=world.counts["vcr_test_questions"])
     world.append_lines("vcr/test.jsonl", added)
     world.append_lines(TEST_LABELS, labels)
     world.counts["vcr_test_questions"] += len(added)

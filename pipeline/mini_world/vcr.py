@@ -18,17 +18,20 @@ QUESTIONS_PER_IMAGE = 6
 IMAGES_PER_MOVIE = 5
 TEST_LABELS = "vcr/eval_server/test_labels.jsonl"
 LABEL_KEYS = ("answer_label", "rationale_label")
+# the stream of relation rationales' wrong shapes (added 2026-12-05 beside "vcr_questions", whose draws it left as they were)
+SHAPE_STREAM = "vcr_rationale_shapes"
 
 
 def write_vcr(world: World) -> None:
     cfg, rng = world.cfg, world.rng("vcr")
     text_rng = world.rng("vcr_questions")  # its own stream: the number of questions leaves the images as they are
+    shape_rng = world.rng(SHAPE_STREAM)
     splits = split_plan(rng, cfg.n_vcr, {"val": 0.15, "test": 0.15}, "train")
     lines: dict[str, list[bytes]] = {s: [] for s in ("train", "val", "test")}
     test_labels: list[bytes] = []
     train_images = []
     for idx, split in enumerate(splits):
-        key = write_vcr_image(world, rng, text_rng, idx, split, lines[split], test_labels)
+        key = write_vcr_image(world, rng, text_rng, idx, split, lines[split], test_labels, shape_rng=shape_rng)
         if split == "train":
             train_images.append(key)
     _plant_defects(world, rng, lines, train_images)
@@ -39,10 +42,11 @@ def write_vcr(world: World) -> None:
 
 
 def write_vcr_image(world: World, rng, text_rng, idx: int, split: str, rows: list[bytes], test_labels: list[bytes],
-                    *, row_base: int = 0) -> str:
+                    *, shape_rng, row_base: int = 0) -> str:
     """Image number ``idx`` of ``split`` with its metadata and up to ``QUESTIONS_PER_IMAGE`` rows,
     appended to ``rows`` (test labels to ``test_labels``); the rows' annot_ids count on from
-    ``row_base + len(rows)``. Returns the image's key."""
+    ``row_base + len(rows)``. ``rng`` draws the image, ``text_rng`` the questions and their labels,
+    ``shape_rng`` the wrong shapes of relation rationales (``task_text.vcr_item``). Returns the image's key."""
     movie = f"{3000 + idx // IMAGES_PER_MOVIE}_MINI_MOVIE"
     folder = f"lsmdc_{movie}"
     stem = f"{movie}_00.{idx % IMAGES_PER_MOVIE:02d}.00.000-00.{idx % IMAGES_PER_MOVIE:02d}.04.000@0"
@@ -55,7 +59,7 @@ def write_vcr_image(world: World, rng, text_rng, idx: int, split: str, rows: lis
         "segms": [[[[o.box[0], o.box[1]], [o.box[2], o.box[1]], [o.box[2], o.box[3]], [o.box[0], o.box[3]]]]
                   for o in objs], "width": w})
     world.use(rec.key, "vcr", split)
-    items = distinct_draws(lambda: vcr_item(text_rng, rec.scene), key=lambda it: json.dumps(it.question),
+    items = distinct_draws(lambda: vcr_item(text_rng, rec.scene, shape_rng=shape_rng), key=lambda it: json.dumps(it.question),
                            n=QUESTIONS_PER_IMAGE)
     for q, item in enumerate(items):
         row = {"annot_id": f"{split}-{row_base + len(rows)}", "answer_choices": item.answers,

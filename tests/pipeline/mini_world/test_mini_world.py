@@ -426,17 +426,23 @@ def test_vcr_right_choices_agree_with_the_boxes(world_dir, scenes, planted):
         objs = scenes[f"vcr/{row['img_fn']}"]["objects"]
         assert [o["box"] for o in objs] == [b[:4] for b in meta["boxes"]]
         right = row["answer_choices"][row["answer_label"]]
+        why = row["rationale_choices"][row["rationale_label"]]
         if row["question"][:2] == ["What", "color"]:
             i = row["question"][3][0]
             assert right[0] == [i] and objs[i]["colour"] == right[2]
             assert objs[i]["shape"] == row["objects"][i]
+            assert why[1] == [i] and why[-3:-1] == [objs[i]["colour"], objs[i]["shape"]]
             kinds["colour"] += 1
         else:
             i, j = row["question"][2][0], row["question"][5][0]
             assert " ".join(right[1:-2]) == "is " + _relation(objs[i], objs[j]), (right, objs[i], objs[j])
+            # "Because [i] is a <shape> <relation> [j] .": the answer's relation and [i]'s shape
+            assert why[1] == [i] and why[-2] == [j] and why[4] == objs[i]["shape"], (why, objs[i])
+            assert " ".join(why[5:-2]) == _relation(objs[i], objs[j])
             kinds["relation"] += 1
         wrong = [c for k, c in enumerate(row["answer_choices"]) if k != row["answer_label"]]
         assert right not in wrong
+        assert why not in [c for k, c in enumerate(row["rationale_choices"]) if k != row["rationale_label"]]
     assert kinds["colour"] > 5 and kinds["relation"] > 5
 
 
