@@ -50,6 +50,9 @@ GAIN_MARGIN = 2.0
 VERDICTS = {"shown": "yes", "small": f"no: under {GAIN_MARGIN:g} points", "unresolved": "no: interval holds 0",
             "ceiling": "at ceiling", "unknown": "–"}
 DEV_MARK = " (dev: no test labels)"  # a row scored on dev because the task's test labels are not here
+# the non-pretrained start scored no better than chance: its fine-tuning did not take off, so the gain
+# measures that failure as much as pretraining (RefCOCO+ in one fp32 run: docs/experiments.md, 2026-12-05)
+SCRATCH_AT_CHANCE_MARK = " (scratch at chance)"
 # a dev row of a task in decontaminate.keep_dev_in_pretraining: its dev images were pretrained on
 SEEN_MARK = " (dev images in pretraining)"
 # held-out pretraining metrics shown in the ablation section: (task, metric, label)
@@ -78,6 +81,8 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             row["gain_interval"] = entry.get("gain_interval")  # pipeline.finetune.paired.paired_gain
             row["ceiling"] = ceiling(record, key)
             row["at_ceiling"] = row["scratch"] is not None and row["scratch"] > row["ceiling"] - CEILING_HEADROOM
+            row["scratch_at_chance"] = (row["scratch"] is not None and row["chance"] is not None
+                                        and row["scratch"] <= row["chance"])
             row["verdict"] = verdict(row)
             rows.append(row)
     meta_sum: dict[str, Any] = {"terms": len(rows)}
@@ -184,6 +189,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in results["rows"]:
         mark = " (at ceiling)" if r.get("at_ceiling") else ""
+        mark += SCRATCH_AT_CHANCE_MARK if r.get("scratch_at_chance") else ""
         mark += DEV_MARK if r.get("split") == "dev" else ""
         mark += SEEN_MARK if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ()) else ""
         lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {_fmt(r['steps'])} "
@@ -225,6 +231,11 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         lines += ["", f"*At ceiling*: the non-pretrained start is within {CEILING_HEADROOM:g} points of the row's "
                   "ceiling (its model-free reference level below, or 100), so no start has room to show a gain "
                   "there; read its gain as not measurable, not as zero."]
+    if any(r.get("scratch_at_chance") for r in results["rows"]):
+        lines += ["", f"*{SCRATCH_AT_CHANCE_MARK.strip(' ()').capitalize()}*: the non-pretrained start scored no "
+                  "better than chance, so its fine-tuning did not take off within the row's steps; the gain says "
+                  "that the pretrained start learned the task, not by how much pretraining helps. `make seeds "
+                  "TASK=<task>` shows whether that start takes off in other draws."]
     refs = results.get("references")
     if refs:
         lines += ["", "## Reference levels", "",

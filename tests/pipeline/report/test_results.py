@@ -77,6 +77,27 @@ def test_a_gain_is_shown_when_it_clears_two_points_and_its_interval_clears_zero(
     assert row_verdict(98.0, 96.0, 1.0, ceiling_ref=99.0) == "ceiling"  # scratch within 5 points of the oracle
 
 
+def test_a_non_pretrained_start_at_chance_is_marked(tmp_path):
+    """A scratch start that scored no better than chance did not take off (RefCOCO+ in one fp32 run
+    scored 22.6 against chance 25.3): its row says so and a note explains it; above chance, nothing."""
+    from pipeline.report.results import SCRATCH_AT_CHANCE_MARK, run
+
+    data = tmp_path / "data"
+    ir, tr = RETRIEVAL["summary"]["test/ir_r1"], RETRIEVAL["summary"]["test/tr_r1"]
+    learned = {**RETRIEVAL, "summary": {"test/ir_r1": ir, "test/tr_r1": {**tr, "scratch": 20.0}}}
+    flat = {**learned, "summary": {**learned["summary"], "test/ir_r1": {**ir, "scratch": 3.3333}}}
+    write_metrics(data, VQA, flat)
+    results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
+    assert [r["scratch_at_chance"] for r in results["rows"]] == [False, True, False]  # equal to chance counts
+    md = (data / "reports" / "results.md").read_text()
+    assert f"| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`){SCRATCH_AT_CHANCE_MARK} |" in md
+    assert f"| retrieval_flickr | Flickr TR R@1 (`test/tr_r1`) |" in md and "*Scratch at chance*" in md
+    write_metrics(data, VQA, learned)
+    results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
+    assert not any(r["scratch_at_chance"] for r in results["rows"])
+    assert "*Scratch at chance*" not in (data / "reports" / "results.md").read_text()
+
+
 def test_stage_writes_markdown_and_json_deterministically(tmp_path):
     from pipeline.report.results import run
 
