@@ -14,7 +14,8 @@ from pipeline.mini_world.scenes import COLOURS, SHAPES, Scene, relation
 from pipeline.mini_world.text import article, number_word, plural
 
 RELATIONS = ("to the left of", "to the right of", "above", "below")
-OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}
+OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of",
+            "above": "below", "below": "above"}
 
 
 # ------------------------------------------------------------------ VQA

@@ -18,7 +18,8 @@ QUESTIONS_PER_IMAGE = 6
 IMAGES_PER_MOVIE = 5
 TEST_LABELS = "vcr/eval_server/test_labels.jsonl"
 LABEL_KEYS = ("answer_label", "rationale_label")
-# the stream of relation rationales' wrong shapes (added 2026-12-05 beside "vcr_questions", whose draws it left as they were)
+# the stream of relation rationales' wrong shapes (added 2026-12-05 beside "vcr_questions", whose
+# draws it left as they were)
 SHAPE_STREAM = "vcr_rationale_shapes"
 
 
@@ -59,8 +60,8 @@ def write_vcr_image(world: World, rng, text_rng, idx: int, split: str, rows: lis
         "segms": [[[[o.box[0], o.box[1]], [o.box[2], o.box[1]], [o.box[2], o.box[3]], [o.box[0], o.box[3]]]]
                   for o in objs], "width": w})
     world.use(rec.key, "vcr", split)
-    items = distinct_draws(lambda: vcr_item(text_rng, rec.scene, shape_rng=shape_rng), key=lambda it: json.dumps(it.question),
-                           n=QUESTIONS_PER_IMAGE)
+    items = distinct_draws(lambda: vcr_item(text_rng, rec.scene, shape_rng=shape_rng),
+                           key=lambda it: json.dumps(it.question), n=QUESTIONS_PER_IMAGE)
     for q, item in enumerate(items):
         row = {"annot_id": f"{split}-{row_base + len(rows)}", "answer_choices": item.answers,
                "answer_label": item.answer_label, "img_fn": img_fn, "img_id": f"{split}-{idx}",
