@@ -18,7 +18,7 @@ from pipeline.mini_world.coco import write_coco
 from pipeline.mini_world.flickr30k import write_flickr30k, write_snli_ve
 from pipeline.mini_world.nlvr2 import write_nlvr2
 from pipeline.mini_world.refcoco import write_refcoco
-from pipeline.mini_world.test_extension import write_test_extension
+from pipeline.mini_world.eval_extension import write_eval_extension
 from pipeline.mini_world.vcr import write_vcr
 from pipeline.mini_world.vg import write_vg
 from pipeline.mini_world.vqa import write_vqa
@@ -40,7 +40,7 @@ WRITERS: tuple[tuple[str, Callable[[World], None]], ...] = (
     ("vg", write_vg),
     ("cc", write_cc),
     ("sbu", write_sbu),
-    ("test_extension", write_test_extension),  # last: the extra test items move nothing written before
+    ("eval_extension", write_eval_extension),  # last: the extra eval items move nothing written before
 )
 
 

@@ -76,14 +76,14 @@ class World:
         self.write_bytes(relpath, (text + "\n").encode())
 
     def read_json(self, relpath: str) -> Any:
-        """A JSON file an earlier writer wrote (pipeline/mini_world/test_extension.py extends some)."""
+        """A JSON file an earlier writer wrote (pipeline/mini_world/eval_extension.py extends some)."""
         return json.loads((self.root / relpath).read_bytes())
 
     def write_lines(self, relpath: str, lines: list[bytes]) -> None:
         self.write_bytes(relpath, b"".join(line + b"\n" for line in lines))
 
     def append_lines(self, relpath: str, lines: list[bytes]) -> None:
-        """Lines added at the end of a file an earlier writer wrote (pipeline/mini_world/test_extension.py)."""
+        """Lines added at the end of a file an earlier writer wrote (pipeline/mini_world/eval_extension.py)."""
         with (self.root / relpath).open("ab") as f:
             f.write(b"".join(line + b"\n" for line in lines))
 

@@ -39,11 +39,14 @@ class MiniWorldConfig:
     # test items added after the whole world is written, from streams of their own (nothing else
     # moves): COCO test2015 images with VQA questions beyond n_vqa_test, RefCOCO+ test images, VCR test images and NLVR2
     # test pairs beyond the 15% of n_vcr / n_nlvr2_pairs, so that a gain's interval can resolve
-    # 2 points (pipeline/mini_world/test_extension.py)
+    # 2 points (pipeline/mini_world/eval_extension.py)
     n_vqa_test_extra: int = bounded(447, 0, MAX_COUNT)
-    n_refcoco_test_extra: int = bounded(120, 0, MAX_COUNT)  # COCO train2014 images, testA and testB alternately
+    n_refcoco_test_extra: int = bounded(482, 0, MAX_COUNT)  # COCO train2014 images, testA and testB alternately
     n_vcr_test_extra: int = bounded(710, 0, MAX_COUNT)
     n_nlvr2_test_extra_pairs: int = bounded(424, 0, MAX_COUNT)
+    # COCO train2014 images with RefCOCO+ val refs, drawn before RefCOCO+'s extra test images: a dev
+    # split large enough to size RefCOCO+'s test split from (docs/experiments.md, 2026-12-05 from 03:16)
+    n_refcoco_val_extra: int = bounded(132, 0, MAX_COUNT)
     captions_per_image: int = bounded(5, 1, 100)
     max_objects: int = bounded(5, 1, 100)
     n_planted_each: int = bounded(6, 1, 1000)
@@ -61,16 +64,17 @@ class MiniWorldConfig:
         def pool(need: int, size: int, what: str) -> str | None:
             return f"needs {need} {what} ids, more than the {size} the COCO writer draws from" if need > size else None
 
+        refcoco_extra = self.n_refcoco_test_extra + self.n_refcoco_val_extra
+        with_refcoco = "(mini_world.n_coco + mini_world.n_refcoco_test_extra + mini_world.n_refcoco_val_extra)"
         return checked(
-            n_coco=pool(self.n_coco + self.n_vqa_test + self.n_vqa_test_extra + self.n_refcoco_test_extra,
+            n_coco=pool(self.n_coco + self.n_vqa_test + self.n_vqa_test_extra + refcoco_extra,
                         COCO_IMAGE_IDS, "image (mini_world.n_coco + mini_world.n_vqa_test + "
-                        "mini_world.n_vqa_test_extra + mini_world.n_refcoco_test_extra)"),
-            captions_per_image=pool((self.n_coco + self.n_refcoco_test_extra) * self.captions_per_image,
-                                    COCO_CAPTION_IDS, "caption ((mini_world.n_coco + mini_world.n_refcoco_test_extra)"
-                                    " * mini_world.captions_per_image)"),
-            max_objects=pool((self.n_coco + self.n_refcoco_test_extra) * self.max_objects, COCO_INSTANCE_IDS,
-                             "instance ((mini_world.n_coco + mini_world.n_refcoco_test_extra) * "
-                             "mini_world.max_objects)"),
+                        "mini_world.n_vqa_test_extra + mini_world.n_refcoco_test_extra + "
+                        "mini_world.n_refcoco_val_extra)"),
+            captions_per_image=pool((self.n_coco + refcoco_extra) * self.captions_per_image, COCO_CAPTION_IDS,
+                                    f"caption ({with_refcoco} * mini_world.captions_per_image)"),
+            max_objects=pool((self.n_coco + refcoco_extra) * self.max_objects, COCO_INSTANCE_IDS,
+                             f"instance ({with_refcoco} * mini_world.max_objects)"),
         )
 
 

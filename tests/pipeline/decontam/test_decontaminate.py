@@ -333,7 +333,7 @@ def test_missing_manifest_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def mini_chain(tmp_path_factory):
-    """A small mini world with a few extra test items of every kind (pipeline/mini_world/test_extension.py),
+    """A small mini world with a few extra test items of every kind (pipeline/mini_world/eval_extension.py),
     ingested, then decontaminated through the stage CLI."""
     from helpers.mini_world import ingest_and_decontaminate, small_config
     from pipeline.mini_world import generate
@@ -341,7 +341,8 @@ def mini_chain(tmp_path_factory):
     base = load_params(REPO / "params.yaml")
     root = tmp_path_factory.mktemp("mini_chain")
     world_dir = root / "raw"
-    extras = dict(n_vqa_test_extra=2, n_refcoco_test_extra=2, n_vcr_test_extra=2, n_nlvr2_test_extra_pairs=2)
+    extras = dict(n_vqa_test_extra=2, n_refcoco_test_extra=2, n_vcr_test_extra=2, n_nlvr2_test_extra_pairs=2,
+                  n_refcoco_val_extra=2)
     generate(small_config(world_dir, **extras), base.seed, world_dir, base.eval_splits(), progress=False)
     data = ingest_and_decontaminate(world_dir, root)
     planted = json.loads((world_dir / "planted.json").read_text())

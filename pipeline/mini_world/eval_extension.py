@@ -1,13 +1,16 @@
-"""Test items added after the whole world is written: ``mini_world.n_vqa_test_extra`` COCO test2015
+"""Eval items added after the whole world is written: ``mini_world.n_vqa_test_extra`` COCO test2015
 images with their VQA questions, ``n_refcoco_test_extra`` COCO train2014 images with RefCOCO+
-testA / testB refs, ``n_vcr_test_extra`` VCR images and ``n_nlvr2_test_extra_pairs`` NLVR2 pairs.
+testA / testB refs (after ``n_refcoco_val_extra`` COCO train2014 images with RefCOCO+ val refs),
+``n_vcr_test_extra`` VCR images and ``n_nlvr2_test_extra_pairs`` NLVR2 pairs.
 
 The world's split plans give each task's test split ~15% of its images, too few for a gain's
 95% interval to resolve 2 points (docs/experiments.md, the protocol of 2026-12-04: test splits are
-sized from the dev intervals). The extra items are drawn here, after every other writer, from
-random streams of their own, and appended to the released test files (and to the answers and labels that VQA's evaluation server and VCR's
-leaderboard hold). So every image, row and planted overlap written before them stays byte for byte as it
-was: the train and dev splits, the pretraining data and every choice made on dev do not move.
+sized from the dev intervals), and RefCOCO+'s val 12 images, too few to estimate that interval
+from (docs/experiments.md, 2026-12-05 from 03:16). The extra items are drawn here, after every other
+writer, from random streams of their own, and appended to the released files (and to the answers and
+labels that VQA's evaluation server and VCR's leaderboard hold). So every image, row and planted
+overlap written before them stays byte for byte as it was: the train splits, the pretraining data and
+the other tasks' dev splits do not move.
 They are eval images like the others (``World.use``), which decontamination removes wherever a
 pretraining source holds them; no overlap is planted on them. RefCOCO+'s images are COCO train2014
 images, in COCO's caption, instance and Karpathy files like every RefCOCO+ image: planted.json lists
@@ -37,12 +40,16 @@ COCO_TRAIN = {"captions": "coco/annotations/captions_train2014.json",
 KARPATHY = "coco/karpathy/dataset_coco.json"
 
 
-def write_test_extension(world: World) -> None:
-    """Append the configured extra test items of every task that has any."""
+def write_eval_extension(world: World) -> None:
+    """Append the configured extra eval items of every task that has any. The order is part of the
+    world: a RefCOCO+ extension draws COCO ids beside those drawn before it (the VQA images', and
+    val's before test's, so that re-sizing the test split, which is sized from dev, never moves dev)."""
     if world.cfg.n_vqa_test_extra:
         _extend_vqa(world, world.cfg.n_vqa_test_extra)
+    if world.cfg.n_refcoco_val_extra:
+        _extend_refcoco(world, world.cfg.n_refcoco_val_extra, ("val",), "refcoco_val_extra")
     if world.cfg.n_refcoco_test_extra:
-        _extend_refcoco(world, world.cfg.n_refcoco_test_extra)
+        _extend_refcoco(world, world.cfg.n_refcoco_test_extra, ("testA", "testB"), "refcoco_test_extra")
     if world.cfg.n_vcr_test_extra:
         _extend_vcr(world, world.cfg.n_vcr_test_extra)
     if world.cfg.n_nlvr2_test_extra_pairs:
@@ -68,11 +75,12 @@ def _extend_vqa(world: World, n_images: int) -> None:
     world.counts["vqa_test_extra_images"] = n_images
 
 
-def _extend_refcoco(world: World, n_images: int) -> None:
-    """COCO train2014 images (Karpathy train) whose refs are all testA (even) or testB (odd): each is
+def _extend_refcoco(world: World, n_images: int, splits: tuple[str, ...], stream: str) -> None:
+    """COCO train2014 images (Karpathy train) whose refs are all of one RefCOCO+ split, taking
+    ``splits`` in turn (testA, testB: even, odd), drawn from the random stream ``stream``: each image is
     drawn until it has a target of its split that appearance words single out, so none stays a
     plain COCO image that pretraining would keep."""
-    rng, coco = world.rng("refcoco_test_extra"), world.info["coco"]
+    rng, coco = world.rng(stream), world.info["coco"]
     docs = {name: world.read_json(path) for name, path in COCO_TRAIN.items()}
     karpathy, ref_instances = world.read_json(KARPATHY), world.read_json(INSTANCES)
     refs = pickle.loads((world.root / REFS).read_bytes())
@@ -85,7 +93,7 @@ def _extend_refcoco(world: World, n_images: int) -> None:
     sentid = 1 + max(s for im in karpathy["images"] for s in im["sentids"])
     parts: dict[str, list] = {"images": [], "captions": [], "instances": []}
     for j, cid in enumerate(ids):
-        split = ("testA", "testB")[j % 2]
+        split = splits[j % len(splits)]
         fname = f"COCO_train2014_{cid:012d}.jpg"
         rec = world.new_image(rng, "coco", str(cid), f"coco/images/train2014/{fname}", min_objects=2,
                               accept=lambda scene: has_refs(scene, split))
@@ -113,9 +121,9 @@ def _extend_refcoco(world: World, n_images: int) -> None:
     world.counts["coco_train2014_images"] += n_images
     world.counts["coco_train2014_captions"] += len(parts["captions"])
     world.counts["coco_karpathy_train"] += n_images
-    for split in ("testA", "testB"):
+    for split in splits:
         world.counts[f"refcoco_{split}_refs"] = sum(1 for r in refs if r["split"] == split)
-    world.counts["refcoco_test_extra_images"] = n_images
+    world.counts[f"{stream}_images"] = n_images
 
 
 def _fresh_ids(rng: np.random.Generator, pool: int, taken: set[int], n: int) -> list[int]:

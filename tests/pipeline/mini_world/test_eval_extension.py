@@ -1,5 +1,6 @@
-"""pipeline.mini_world.test_extension: extra VQA, RefCOCO+, VCR and NLVR2 test items move nothing written
-before them, and are test items of their tasks (RefCOCO+'s: eval images that decontamination must remove)."""
+"""pipeline.mini_world.eval_extension: extra VQA, RefCOCO+, VCR and NLVR2 test items and RefCOCO+ val
+items move nothing written before them, and are eval items of their tasks (RefCOCO+'s: eval images that
+decontamination must remove)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pipeline.mini_world import generate
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.coco import TEST2015_INFO
 from pipeline.mini_world.refcoco import INSTANCES, REFS, TEST_A_SHAPES
-from pipeline.mini_world.test_extension import COCO_TRAIN, KARPATHY
+from pipeline.mini_world.eval_extension import COCO_TRAIN, KARPATHY
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE, TEST_LABELS
 from pipeline.mini_world.vqa import annotations_file, questions_file
 
@@ -32,8 +33,10 @@ def worlds(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("extension")
     generate(small_config(root / "plain"), 1234, progress=False)
     generate(small_config(root / "grown", n_vqa_test_extra=5, n_refcoco_test_extra=4, n_vcr_test_extra=4,
-                                                 n_nlvr2_test_extra_pairs=3), 1234, progress=False)
-    return root / "plain", root / "grown"
+                          n_nlvr2_test_extra_pairs=3, n_refcoco_val_extra=3), 1234, progress=False)
+    # the same val items without RefCOCO+'s test ones: re-sizing test (sized from dev) does not move dev
+    generate(small_config(root / "val_only", n_vqa_test_extra=5, n_refcoco_val_extra=3), 1234, progress=False)
+    return root / "plain", root / "grown", root / "val_only"
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -46,7 +49,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def test_every_file_written_before_the_extension_stays_byte_for_byte(worlds):
-    plain, grown = map(_files, worlds)
+    plain, grown = map(_files, worlds[:2])
     new = set(grown) - set(plain)
     assert set(plain) <= set(grown)
     assert {k for k in plain if plain[k] != grown[k]} == {*LINE_FILES, *JSON_FILES, REFS, "scenes.json",
@@ -64,18 +67,18 @@ def test_every_file_written_before_the_extension_stays_byte_for_byte(worlds):
     assert all(n.startswith(("vcr/vcr1images/", "nlvr2/images/test1/", "coco/images/test2015/",
                              "coco/images/train2014/")) for n in new)
     assert len([n for n in new if n.startswith("coco/images/test2015/")]) == 5
-    assert len([n for n in new if n.startswith("coco/images/train2014/")]) == 4
+    assert len([n for n in new if n.startswith("coco/images/train2014/")]) == 4 + 3
     assert len([n for n in new if n.endswith(".jpg") and n.startswith("vcr/")]) == 4
     assert len([n for n in new if n.endswith(".png")]) == 6
     before, after = json.loads(plain["planted.json"]), json.loads(grown["planted.json"])
     added = [o for o in after["overlaps"] if o not in before["overlaps"]]
     assert {k: v for k, v in after.items() if k != "overlaps"} == {k: v for k, v in before.items() if k != "overlaps"}
-    assert len(after["overlaps"]) == len(before["overlaps"]) + 4  # only RefCOCO+'s COCO images, to be removed
+    assert len(after["overlaps"]) == len(before["overlaps"]) + 4 + 3  # only RefCOCO+'s COCO images, to be removed
     assert {(o["dataset"], o["reason"]) for o in added} == {("coco", "eval_split")}
 
 
 def test_the_extra_items_are_test_items_with_labels_held_by_the_leaderboard(worlds):
-    plain, grown = worlds
+    plain, grown, _ = worlds
     old, new = _jsonl(plain / "vcr/test.jsonl"), _jsonl(grown / "vcr/test.jsonl")
     added = new[len(old):]
     assert 4 <= len(added) <= 4 * QUESTIONS_PER_IMAGE
@@ -98,7 +101,7 @@ def test_the_extra_items_are_test_items_with_labels_held_by_the_leaderboard(worl
 
 
 def test_the_extra_vqa_images_have_new_ids_and_answered_questions(worlds):
-    plain, grown = worlds
+    plain, grown, _ = worlds
     old = {im["id"] for im in json.loads((plain / TEST2015_INFO).read_text())["images"]}
     images = json.loads((grown / TEST2015_INFO).read_text())["images"]
     added = {im["id"] for im in images} - old
@@ -113,25 +116,35 @@ def test_the_extra_vqa_images_have_new_ids_and_answered_questions(worlds):
     assert all(len(a["answers"]) == 10 for a in answers)
 
 
-def test_the_extra_refcoco_images_are_test_images_of_both_halves(worlds):
-    plain, grown = worlds
-    old, refs = pickle.loads((plain / REFS).read_bytes()), pickle.loads((grown / REFS).read_bytes())
+def _refs(world: Path) -> list[dict]:
+    return pickle.loads((world / REFS).read_bytes())
+
+
+def test_the_extra_refcoco_images_are_val_images_then_test_images_of_both_halves(worlds):
+    plain, grown, val_only = worlds
+    old, refs = _refs(plain), _refs(grown)
     assert refs[:len(old)] == old
-    added = refs[len(old):]
+    # the val images come before the test ones, and are those of a world without extra test images
+    assert refs[:len(_refs(val_only))] == _refs(val_only) and len(_refs(val_only)) > len(old)
     assert [r["ref_id"] for r in refs] == list(range(len(refs)))
     sent_ids = [s["sent_id"] for r in refs for s in r["sentences"]]
     assert sent_ids == list(range(len(sent_ids)))
-    images = {r["image_id"] for r in added}
-    assert len(images) == 4 and not images & {r["image_id"] for r in old}
-    assert {r["split"] for r in added} == {"testA", "testB"}
-    for r in added:  # testA's targets are the first shapes, testB's the others, as in the world's own refs
-        instances = json.loads((grown / INSTANCES).read_text())["annotations"]
+    added = refs[len(old):]
+    by_split = {split: {r["image_id"] for r in added if r["split"] == split} for split in ("testA", "testB", "val")}
+    assert {r["split"] for r in added} == set(by_split)
+    assert [len(by_split[s]) for s in ("testA", "testB", "val")] == [2, 2, 3]
+    images = set().union(*by_split.values())
+    assert len(images) == 7 and not images & {r["image_id"] for r in old}
+    assert [r["split"] for r in added] == sorted((r["split"] for r in added), key=lambda s: s != "val")
+    instances = json.loads((grown / INSTANCES).read_text())["annotations"]
+    for r in added:
         category = next(a["category_id"] for a in instances if a["id"] == r["ann_id"])
         assert category == r["category_id"]
     scenes = json.loads((grown / "scenes.json").read_text())
-    for r in added:
+    for r in added:  # testA's targets are the first shapes, testB's the others, as in the world's own refs
         shapes = {o["shape"] for o in scenes[f"coco/{r['image_id']}"]["objects"]}
-        assert shapes & TEST_A_SHAPES if r["split"] == "testA" else shapes - TEST_A_SHAPES
+        if r["split"] != "val":
+            assert shapes & TEST_A_SHAPES if r["split"] == "testA" else shapes - TEST_A_SHAPES
     karpathy = json.loads((grown / KARPATHY).read_text())["images"]
     assert [im["imgid"] for im in karpathy] == list(range(len(karpathy)))
     assert {im["cocoid"] for im in karpathy if im["split"] == "train"} >= images
@@ -141,7 +154,7 @@ def test_the_extra_refcoco_images_are_test_images_of_both_halves(worlds):
 def test_pretraining_data_is_the_same_with_and_without_them(worlds, tmp_path):
     """Through the real ingest and decontaminate stages: the cleaned pretraining manifests of both
     worlds hold the same rows (RefCOCO+'s extra COCO images are removed as eval images)."""
-    plain, grown = (ingest_and_decontaminate(world, tmp_path / world.name) for world in worlds)
+    plain, grown = (ingest_and_decontaminate(world, tmp_path / world.name) for world in worlds[:2])
 
     def rows(data: Path, world: Path, dataset: str) -> list[dict]:  # image paths relative to their world
         table = pq.read_table(data / "clean" / f"{dataset}.parquet").to_pylist()
@@ -150,8 +163,7 @@ def test_pretraining_data_is_the_same_with_and_without_them(worlds, tmp_path):
     for dataset in ("coco", "vg", "cc", "sbu"):
         assert rows(grown, worlds[1], dataset) == rows(plain, worlds[0], dataset), dataset
     report = json.loads((grown / "reports" / "cleaning" / "coco.json").read_text())
-    refcoco_extra = {r["image_id"] for r in pickle.loads((worlds[1] / REFS).read_bytes())} - \
-        {r["image_id"] for r in pickle.loads((worlds[0] / REFS).read_bytes())}
+    refcoco_extra = {r["image_id"] for r in _refs(worlds[1])} - {r["image_id"] for r in _refs(worlds[0])}
     removed = {e["image_id"]: e["reason"] for e in report["removed"]}
     assert {str(i) for i in refcoco_extra} <= set(removed)
     assert {removed[str(i)] for i in refcoco_extra} == {"eval_split"}
