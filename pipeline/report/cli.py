@@ -23,6 +23,7 @@ from pipeline.decontam.cleaning_report import load_cleaning_reports, rejected_by
 from pipeline.ingest.reasons import REMOVAL_REASONS
 from pipeline.report.results_cli import add_results_parser
 from pipeline.report.seed_spread import add_spread_parser
+from pipeline.report.split_size import add_split_size_parser
 
 CLEANING_SUBDIR = Path("reports") / "cleaning"
 # short column titles for the removal reasons
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cleaning_parser(sub)
     add_results_parser(sub)  # pipeline/report/results_cli.py: `report results [--exps]`
     add_spread_parser(sub)  # pipeline/report/seed_spread.py: `report spread` over fine-tuning seeds
+    add_split_size_parser(sub)  # pipeline/report/split_size.py: `report split-size TASK` from dev intervals
     return parser
 
 

@@ -106,7 +106,8 @@ def test_the_extra_vqa_images_have_new_ids_and_answered_questions(worlds):
     images = json.loads((grown / TEST2015_INFO).read_text())["images"]
     added = {im["id"] for im in images} - old
     assert len(added) == 5 and len(images) == len(old) + 5
-    every_coco = {int(k.split("/")[1]) for k in json.loads((plain / "scenes.json").read_text()) if k.startswith("coco/")}
+    scenes = json.loads((plain / "scenes.json").read_text())
+    every_coco = {int(k.split("/")[1]) for k in scenes if k.startswith("coco/")}
     assert not added & every_coco  # no id of any COCO image of the world, train, val or test
     questions = json.loads((grown / questions_file("test")).read_text())["questions"]
     answers = json.loads((grown / annotations_file("test")).read_text())["annotations"]
