@@ -10,7 +10,10 @@ from (docs/experiments.md, 2026-12-05 from 03:16). The extra items are drawn her
 writer, from random streams of their own, and appended to the released files (and to the answers and
 labels that VQA's evaluation server and VCR's leaderboard hold). So every image, row and planted
 overlap written before them stays byte for byte as it was: the train splits, the pretraining data and
-the other tasks' dev splits do not move.
+the other tasks' dev splits do not move. Later extensions do feel earlier ones in one way: every image
+is rendered at a perceptual-hash distance from all before it (``render.PhashRegistry``), so more
+RefCOCO+ images redraw the background of a few later VCR and NLVR2 test images (9 of each when
+RefCOCO+'s extra images went from 120 to 614; their scenes and text stay the same).
 They are eval images like the others (``World.use``), which decontamination removes wherever a
 pretraining source holds them; no overlap is planted on them. RefCOCO+'s images are COCO train2014
 images, in COCO's caption, instance and Karpathy files like every RefCOCO+ image: planted.json lists
