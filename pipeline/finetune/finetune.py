@@ -38,7 +38,7 @@ from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.finetune.paired import paired_gain
+from pipeline.finetune.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
@@ -50,7 +50,6 @@ from pipeline.training.launch import DistInfo, process_group
 log = logging.getLogger(__name__)
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
-ITEMS_FILE = "item_scores.json"  # per start, per headline metric and scored split: paired.item_scores
 
 
 def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+ITEMS_FILE = "item_scores.json"  # what stage finetune writes beside a task's model: both starts' item scores
 LEVEL = 0.95  # two-sided coverage of the interval
 RESAMPLES = 10_000  # enough that the 2.5% tails move by < 0.1 point between seeds on the demo's splits
 SEED = 0

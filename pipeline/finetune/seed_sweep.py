@@ -37,8 +37,19 @@ SHARED_INPUTS = ("db", "manifests")
 LoadParams = Callable[[list[str]], Params]  # extra ``--set`` overrides -> parsed params
 
 
+def default_out(data: Path, task: str) -> Path:
+    """Where a sweep of ``task`` writes when ``--out`` is not given: ``<data>/seeds/<task>``."""
+    return data / "seeds" / task
+
+
 def seed_root(out: Path, seed: int) -> Path:
     return out / f"seed{seed}"
+
+
+def seed_roots(out: Path) -> dict[int, Path]:
+    """{seed: its data root} of the seeds a sweep into ``out`` has run (:func:`seed_root`), by seed."""
+    roots = {int(p.name[4:]): p for p in out.glob("seed*") if p.is_dir() and p.name[4:].isdigit()}
+    return dict(sorted(roots.items()))
 
 
 def link_inputs(data: Path, root: Path, init_name: str) -> None:
@@ -165,7 +176,7 @@ def main(argv: list[str]) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    out = args.out or Path(params.paths.data) / "seeds" / args.task
+    out = args.out or default_out(Path(params.paths.data), args.task)
     try:
         wait = wait_from_env()
     except ValueError as err:

@@ -29,11 +29,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.finetune.paired import groups_for_half_width, paired_gain
+from pipeline.finetune.paired import ITEMS_FILE, groups_for_half_width, paired_gain
+from pipeline.finetune.seed_sweep import default_out, seed_roots
 from pipeline.params.finetune import TASK_SPLITS
 from pipeline.report.results_cli import ResultsError, guarded
 
-ITEM_SCORES = "item_scores.json"
 STARTS = ("pretrained", "scratch")
 HALVES = ("testA", "testB")
 
@@ -98,12 +98,12 @@ def split_sizes(runs: Mapping[str, Mapping[str, Any]], metric: str, *, target: f
 
 def find_runs(data: Path, task: str) -> dict[str, dict[str, Any]]:
     """{label: item scores} of the run under ``data`` and of each seed of ``<data>/seeds/<task>``."""
-    paths = {"the run": data / "models" / task / ITEM_SCORES}
-    for seed_dir in sorted((data / "seeds" / task).glob("seed*"), key=lambda p: int(p.name[4:] or 0)):
-        paths[seed_dir.name.replace("seed", "seed ")] = seed_dir / "models" / task / ITEM_SCORES
+    paths = {"the run": data / "models" / task / ITEMS_FILE}
+    for seed, root in seed_roots(default_out(data, task)).items():
+        paths[f"seed {seed}"] = root / "models" / task / ITEMS_FILE
     found = {label: json.loads(p.read_text()) for label, p in paths.items() if p.is_file()}
     if not found:
-        raise SplitSizeError(f"no {ITEM_SCORES} for {task} under {data}: run "
+        raise SplitSizeError(f"no {ITEMS_FILE} for {task} under {data}: run "
                              f"`python -m pipeline finetune {task}` first")
     return found
 
