@@ -62,8 +62,7 @@ def write_eval_extension(world: World) -> None:
 def _extend_vqa(world: World, n_images: int) -> None:
     """COCO test2015 images with ids no COCO image of the world has, and their VQA test questions."""
     rng = world.rng("vqa_test_extra")
-    ids = _fresh_ids(rng, COCO_IMAGE_IDS, {int(key.split("/")[1]) for key in world.images if key.startswith("coco/")},
-                     n_images)
+    ids = _fresh_ids(rng, COCO_IMAGE_IDS, _coco_ids(world), n_images)
     info = world.read_json(TEST2015_INFO)
     questions, answers = world.read_json(questions_file("test")), world.read_json(annotations_file("test"))
     for cid in ids:
@@ -87,8 +86,7 @@ def _extend_refcoco(world: World, n_images: int, splits: tuple[str, ...], stream
     docs = {name: world.read_json(path) for name, path in COCO_TRAIN.items()}
     karpathy, ref_instances = world.read_json(KARPATHY), world.read_json(INSTANCES)
     refs = pickle.loads((world.root / REFS).read_bytes())
-    ids = _fresh_ids(rng, COCO_IMAGE_IDS, {int(key.split("/")[1]) for key in world.images if key.startswith("coco/")},
-                     n_images)
+    ids = _fresh_ids(rng, COCO_IMAGE_IDS, _coco_ids(world), n_images)
     cap_ids = iter(_fresh_ids(rng, COCO_CAPTION_IDS, {a["id"] for a in docs["captions"]["annotations"]},
                               n_images * world.cfg.captions_per_image))
     inst_ids = iter(_fresh_ids(rng, COCO_INSTANCE_IDS, {a["id"] for a in docs["instances"]["annotations"]},
@@ -127,6 +125,11 @@ def _extend_refcoco(world: World, n_images: int, splits: tuple[str, ...], stream
     for split in splits:
         world.counts[f"refcoco_{split}_refs"] = sum(1 for r in refs if r["split"] == split)
     world.counts[f"{stream}_images"] = n_images
+
+
+def _coco_ids(world: World) -> set[int]:
+    """The ids of every COCO image of the world so far (train, val and test2015 alike)."""
+    return {int(key.split("/")[1]) for key in world.images if key.startswith("coco/")}
 
 
 def _fresh_ids(rng: np.random.Generator, pool: int, taken: set[int], n: int) -> list[int]:
