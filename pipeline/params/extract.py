@@ -16,7 +16,7 @@ class DetectorTrainConfig:
     """Fitting the narrow C4 detector to the mini world's boxes (docs/design.md §8)."""
 
     max_minutes: float = bounded(0.0, 0, 7 * 24 * 60)  # wall-clock cap (0: none, iterations only)
-    max_iters: int = bounded(900, 1, MAX_STEPS)
+    max_iters: int = bounded(1200, 1, MAX_STEPS)
     ims_per_batch: int = bounded(4, 1, 1024)
     lr: float = bounded(2e-3, 0, 1, lo_open=True)
     holdout_images: int = bounded(40, 1, MAX_COUNT)  # COCO train2014 images kept out of training to score it
