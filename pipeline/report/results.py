@@ -16,7 +16,9 @@ experiment) and ``data/reports/results.md``:
    ours adds VCR and SNLI-VE, so compare Meta-Sums of this pipeline with each other only);
 3. reference levels: model-free scores a task defines beside its main metric (RefCOCO+: the class
    oracle), with both starts' scores next to them;
-4. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it.
+4. the trained detector's held-out quality against its targets (``data/models/detector/metrics.json``,
+   when ``train_detector`` made the detector): every region feature, so every score, comes from it;
+5. the pretraining run's setting (masking, tasks) and held-out accuracies before and after it.
 
 The masking ablation is reported apart, by ``pipeline.report.ablations`` (``ablations/dvc.yaml``).
 
@@ -148,6 +150,27 @@ def pretraining_report(path: Path) -> dict[str, Any] | None:
     return {"setting": setting, "held_out": held_out}
 
 
+def detector_report(path: Path) -> dict[str, Any] | None:
+    """``train_detector``'s held-out quality and targets from its ``metrics.json`` (None when
+    ``path`` is absent: a detector from a weights file, e.g. BUTD's on real data, was not trained here)."""
+    if not path.exists():
+        return None
+    metrics = json.loads(path.read_text())
+    quality = metrics["quality"]
+    return {"images": quality["images"], "objects": quality["objects"], "recall": quality["recall"],
+            "shape_acc": quality["shape_acc"], "targets": metrics["targets"], "targets_met": metrics["targets_met"]}
+
+
+def _detector_lines(det: Mapping[str, Any]) -> list[str]:
+    targets = det["targets"]
+    verdict = ("met" if det["targets_met"] else
+               "**below target**: every region feature, so every score above, comes from this detector")
+    return ["", "## Region features", "",
+            f"The detector trained by `train_detector` scores, on its {det['images']} held-out images "
+            f"({det['objects']} objects), recall {det['recall']:.3f} at IoU 0.5 and shape accuracy "
+            f"{det['shape_acc']:.3f} (targets {targets['recall']} and {targets['shape_acc']}: {verdict})."]
+
+
 def _tasks(mix: Mapping[str, float] | None) -> str:
     """``{"mlm": 2.0, "mrc": 0.0, "itm": 1.0}`` -> ``"itm 1, mlm 2"`` (tasks that are on, by name)."""
     return ", ".join(f"{k} {v:g}" for k, v in sorted((mix or {}).items()) if v)
@@ -246,6 +269,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         for r in refs:
             lines.append(f"| {r['task']} | `{r['metric']}` | {r['label'] or r['reference']} | {_fmt(r['value'])} "
                          f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} |")
+    if results.get("detector"):
+        lines += _detector_lines(results["detector"])
     pre = results.get("pretraining")
     if pre:
         s = pre["setting"]
@@ -273,6 +298,7 @@ def run(params: Params) -> dict[str, Any]:
     models, name = data / "models", params.pretrain.out_name
     results = {"tasks": tasks, **summarize(records),
                "dev_in_pretraining": sorted(set(params.decontaminate.keep_dev_in_pretraining) & set(tasks)),
+               "detector": detector_report(models / "detector" / "metrics.json"),
                "pretraining": pretraining_report(models / name / "eval.json")}
     out = data / "reports"
     atomic_write_json(out / RESULTS_JSON, results)
@@ -280,6 +306,8 @@ def run(params: Params) -> dict[str, Any]:
     record = RunRecord("results", params.section_digest("finetune", "decontaminate"))
     for task in tasks:
         record.inputs[task] = data / "metrics" / f"{task}.json"
+    if results["detector"] is not None:
+        record.inputs["detector"] = models / "detector" / "metrics.json"
     record.counts = {"tasks": len(tasks), "rows": len(results["rows"])}
     record.write(out, name="_run.results.json")
     m = results["meta_sum"]

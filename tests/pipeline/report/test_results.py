@@ -358,3 +358,38 @@ def test_airflow_runs_sit_beside_the_experiments(tmp_path, monkeypatch):
     monkeypatch.setenv("UNITER_RUNS_DIR", str(runs))
     code, out = _report(["--exps", "--from", str(show)])
     assert code == 0 and "run:abl-joint" in out and "390.25" in out
+
+
+def _detector_metrics(shape_acc: float) -> dict:
+    """train_detector's metrics.json layout, with its targets."""
+    return {"quality": {"images": 40, "objects": 109, "recall": 1.0, "shape_acc": shape_acc, "class_acc": shape_acc,
+                        "regions_per_image": 10.0},
+            "targets": {"recall": 0.9, "shape_acc": 0.8}, "targets_met": shape_acc >= 0.8,
+            "training": {"iterations": 900}}
+
+
+@pytest.mark.parametrize(("shape_acc", "verdict"), [(0.706, "**below target**"), (0.973, "met")])
+def test_the_detectors_quality_and_its_targets_are_reported(tmp_path, shape_acc, verdict):
+    from pipeline.report.results import run
+
+    data = tmp_path / "data"
+    write_metrics(data, VQA)
+    (data / "models" / "detector").mkdir(parents=True)
+    (data / "models" / "detector" / "metrics.json").write_text(json.dumps(_detector_metrics(shape_acc)))
+    results = run(params_for(data, "finetune.tasks=[vqa]"))
+    md = (data / "reports" / "results.md").read_text()
+    assert results["detector"]["shape_acc"] == shape_acc and results["detector"]["targets_met"] == (verdict == "met")
+    line = next(x for x in md.splitlines() if x.startswith("The detector trained by `train_detector`"))
+    assert f"shape accuracy {shape_acc:.3f}" in line and "40 held-out images (109 objects)" in line
+    assert f"(targets 0.9 and 0.8: {verdict}" in line
+    assert ("every score above" in line) == (verdict != "met")
+
+
+def test_a_detector_that_was_not_trained_here_gets_no_section(tmp_path):
+    from pipeline.report.results import run
+
+    data = tmp_path / "data"
+    write_metrics(data, VQA)
+    results = run(params_for(data, "finetune.tasks=[vqa]"))
+    assert results["detector"] is None
+    assert "## Region features" not in (data / "reports" / "results.md").read_text()
