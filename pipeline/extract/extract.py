@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from pipeline.common.ownership import claim_dir, preflight
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
+from pipeline.extract.detector.files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, plan_shards,
                                               remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import IMAGE_SOURCES
@@ -149,7 +150,7 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
     device = cfg.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    weights = cfg.weights or params.paths.data / "models" / "detector" / "model_final.pth"
+    weights = cfg.weights or detector_dir(params.paths.data) / WEIGHTS_FILE
     if not Path(weights).is_file():
         hint = "run `python -m pipeline train_detector`" if cfg.detector == "mini" else "set extract.weights"
         raise FileNotFoundError(f"detector weights not found: {weights} ({hint})")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
+from pipeline.extract.detector.files import METRICS_FILE, detector_dir
 from pipeline.params.finetune import TASK_SPLITS
 from pipeline.params.parser import Params
 
@@ -296,9 +297,10 @@ def run(params: Params) -> dict[str, Any]:
     tasks = list(params.finetune.tasks)
     records = load_task_metrics(data / "metrics", tasks)
     models, name = data / "models", params.pretrain.out_name
+    detector_metrics = detector_dir(data) / METRICS_FILE
     results = {"tasks": tasks, **summarize(records),
                "dev_in_pretraining": sorted(set(params.decontaminate.keep_dev_in_pretraining) & set(tasks)),
-               "detector": detector_report(models / "detector" / "metrics.json"),
+               "detector": detector_report(detector_metrics),
                "pretraining": pretraining_report(models / name / "eval.json")}
     out = data / "reports"
     atomic_write_json(out / RESULTS_JSON, results)
@@ -307,7 +309,7 @@ def run(params: Params) -> dict[str, Any]:
     for task in tasks:
         record.inputs[task] = data / "metrics" / f"{task}.json"
     if results["detector"] is not None:
-        record.inputs["detector"] = models / "detector" / "metrics.json"
+        record.inputs["detector"] = detector_metrics
     record.counts = {"tasks": len(tasks), "rows": len(results["rows"])}
     record.write(out, name="_run.results.json")
     m = results["meta_sum"]
