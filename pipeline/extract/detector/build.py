@@ -53,6 +53,8 @@ def build_model(preset: str, *, num_classes: int | None = None, image_size: int 
 
     cfg = make_cfg(preset, num_classes=num_classes, image_size=image_size, overrides=overrides)
     model = d2_build_model(cfg)
+    if cfg.MODEL.UNITER.CHANNELS_LAST:  # 4-d weights only; loading weights later keeps the layout
+        model = model.to(memory_format=torch.channels_last)
     return model.to(device).eval(), cfg
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from detectron2.layers import ShapeSpec
+from detectron2.layers import ROIAlign, ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
 from detectron2.modeling.roi_heads import Res5ROIHeads
@@ -23,6 +23,9 @@ from detectron2.modeling.roi_heads.fast_rcnn import FastRCNNOutputLayers
 from detectron2.structures import Boxes
 
 from pipeline.extract.detector.attributes import AttributeFastRCNNOutputLayers
+from pipeline.extract.detector.roi_align import MatrixROIAlign
+
+ROI_ALIGN_IMPLS = ("torchvision", "matrix")
 
 _BLOCKS_PER_STAGE = {50: (3, 4, 6), 101: (3, 4, 23), 152: (3, 8, 36)}  # res2..res4 of a C4 backbone
 
@@ -74,11 +77,23 @@ class UniterRes5ROIHeads(Res5ROIHeads):
     ``MODEL.UNITER.RES5_HEAD_STRIDE`` / ``RES5_HEAD_DILATION``: bottom-up-attention keeps the
     pooled 14x14 grid (stride 1, dilation 2); the mini preset halves it (stride 2, dilation 1).
     ``MODEL.UNITER.ATTRIBUTE_ON`` swaps in :class:`AttributeFastRCNNOutputLayers`.
+    ``MODEL.UNITER.ROI_ALIGN: matrix`` pools with :class:`MatrixROIAlign` (the same op).
     """
 
     @classmethod
     def from_config(cls, cfg, input_shape):
         ret = super().from_config(cfg, input_shape)
+        impl = cfg.MODEL.UNITER.ROI_ALIGN
+        if impl not in ROI_ALIGN_IMPLS:
+            raise ValueError(f"MODEL.UNITER.ROI_ALIGN must be one of {list(ROI_ALIGN_IMPLS)}, got {impl!r}")
+        if impl == "matrix":
+            pooler = ret["pooler"]
+            if not all(isinstance(p, ROIAlign) for p in pooler.level_poolers):
+                raise ValueError("MODEL.UNITER.ROI_ALIGN=matrix needs an ROIAlign pooler "
+                                 f"(MODEL.ROI_BOX_HEAD.POOLER_TYPE is {cfg.MODEL.ROI_BOX_HEAD.POOLER_TYPE})")
+            pooler.level_poolers = nn.ModuleList(
+                MatrixROIAlign(p.output_size, p.spatial_scale, p.sampling_ratio, p.aligned)
+                for p in pooler.level_poolers)
         if cfg.MODEL.UNITER.ATTRIBUTE_ON:
             out_channels = ret["box_predictor"].cls_score.in_features
             ret["box_predictor"] = AttributeFastRCNNOutputLayers(

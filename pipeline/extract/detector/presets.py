@@ -58,6 +58,11 @@ def add_uniter_config(cfg) -> None:
     # (proposal, class) pair skips it (exact for confidences above; see selection.py)
     cfg.MODEL.UNITER.REGION_NMS_THRESH = 0.3
     cfg.MODEL.UNITER.NMS_SCORE_FLOOR = 0.0
+    # ROIAlign of the ROI heads: torchvision (its kernel) | matrix (the same op as two matrix
+    # products: roi_align.py; for small maps on CPU, where torchvision's backward is one serial loop)
+    cfg.MODEL.UNITER.ROI_ALIGN = "torchvision"
+    # convolution weights (and so activations) in channels-last layout, oneDNN's own on CPU
+    cfg.MODEL.UNITER.CHANNELS_LAST = False
 
 
 def _common(cfg) -> None:
@@ -133,6 +138,8 @@ def _mini(cfg, *, num_classes: int, image_size: int) -> None:
     cfg.MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION = 7
     cfg.MODEL.ROI_BOX_HEAD.POOLER_TYPE = "ROIAlignV2"
     cfg.MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO = 0
+    cfg.MODEL.UNITER.ROI_ALIGN = "matrix"  # a 12 x 12 res4 map: torchvision's serial backward was 27% of an iteration
+    cfg.MODEL.UNITER.CHANNELS_LAST = True  # the res5 head's bf16 forward ~30% faster on 2 cores (docs/throughput.md)
     cfg.MODEL.UNITER.RES5_HEAD_STRIDE = 2
     cfg.MODEL.UNITER.RES5_HEAD_DILATION = 1
     cfg.MODEL.UNITER.ATTRIBUTE_ON = False

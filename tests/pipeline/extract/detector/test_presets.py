@@ -8,6 +8,7 @@ from torch.nn import functional as F
 
 from pipeline.extract.detector.build import build_model
 from pipeline.extract.detector.modeling import CaffeMaxPoolStem
+from pipeline.extract.detector.roi_align import MatrixROIAlign
 from pipeline.extract.detector.presets import inference_settings, make_cfg
 
 
@@ -61,6 +62,9 @@ def test_both_models_build_with_the_expected_heads():
     assert heads.box_predictor.cls_embedding.weight.shape == (1601, 256)
     assert heads.box_predictor.fc_attr.in_features == 2048 + 256 and heads.box_predictor.attr_score.out_features == 401
     assert isinstance(r101.backbone.stem, CaffeMaxPoolStem)
+    # the mini preset pools with the matrix ROIAlign (its small map on CPU), butd_r101 with torchvision's
+    assert all(isinstance(p, MatrixROIAlign) for p in mini.roi_heads.pooler.level_poolers)
+    assert not any(isinstance(p, MatrixROIAlign) for p in heads.pooler.level_poolers)
     assert len(r101.backbone.res4) == 23
     assert r101.proposal_generator.rpn_head.objectness_logits.out_channels == 12
     # res5 keeps the 14x14 pooled grid: stride 1, dilated 3x3 convolutions
@@ -77,3 +81,10 @@ def test_caffe_stem_pools_with_ceil_mode_and_no_padding():
     expected = F.max_pool2d(F.pad(conv, (0, 1, 0, 1), value=float("-inf")), kernel_size=3, stride=2)
     assert y.shape == (1, 4, 9, 12)
     torch.testing.assert_close(y, expected)
+
+
+def test_matrix_roi_align_needs_a_known_impl_and_an_roialign_pooler():
+    with pytest.raises(ValueError, match="ROI_ALIGN must be one of"):
+        build_model("mini", num_classes=3, overrides=("MODEL.UNITER.ROI_ALIGN", "cuda"))
+    with pytest.raises(ValueError, match="needs an ROIAlign pooler"):
+        build_model("mini", num_classes=3, overrides=("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIPool"))
