@@ -77,7 +77,7 @@ def roi_align_matrix(features: torch.Tensor, rois: torch.Tensor, output_size: tu
     dtype = features.dtype
     with torch.autocast(features.device.type, enabled=False):
         fmap = features.double() if dtype == torch.float64 else features.float()
-        boxes = rois.to(fmap.dtype)
+        boxes = rois.detach().to(fmap.dtype)  # as torchvision's: no gradient into the boxes
         n, channels, height, width = fmap.shape
         offset = 0.5 if aligned else 0.0
         x1, y1, x2, y2 = (boxes[:, i] * spatial_scale - offset for i in range(1, 5))

@@ -24,7 +24,7 @@ def _rois(gen: torch.Generator, n_images: int, n: int, size: float) -> torch.Ten
 def test_matches_torchvision_forward_and_backward(aligned, sampling_ratio, output_size):
     gen = torch.Generator().manual_seed(7)
     feats = torch.randn(3, 5, 12, 10, generator=gen, dtype=torch.float64)
-    rois = _rois(gen, 3, 64, 192.0).double()
+    rois = _rois(gen, 3, 64, 192.0).double().requires_grad_(True)  # no gradient reaches them, as torchvision's
     scale = 1.0 / 16
     mine = feats.clone().requires_grad_(True)
     ref = feats.clone().requires_grad_(True)
@@ -37,6 +37,7 @@ def test_matches_torchvision_forward_and_backward(aligned, sampling_ratio, outpu
     out.backward(grad)
     expected.backward(grad)
     torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-10, atol=1e-10)
+    assert rois.grad is None
 
 
 def test_fp32_rois_in_any_order_and_images_without_rois():
