@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.bench import run_bench
 
 pytestmark = pytest.mark.stage  # trains a model (not in `make test-unit`)
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_detector_bench_times_every_variant_from_equal_losses():
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "detector.py"), "--rounds", "1", "--iters", "2",
-                           "--images", "8", "--threads", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    proc = run_bench("detector.py", "--rounds", "1", "--iters", "2", "--images", "8", "--threads", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     losses = [ast.literal_eval(line.split("first losses ", 1)[1]) for line in lines if "first losses" in line]

@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.bench import run_bench
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "gpu_check.py"
 
 # every throughput figure the docs quote, by section
 FIGURES = {
@@ -27,8 +24,7 @@ GOALS = ["extraction_images_per_s", "pretrain_mfu", "numerics_bf16_vs_fp32"]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return run_bench("gpu_check.py", *args, timeout=timeout)
 
 
 def positive(value) -> bool:

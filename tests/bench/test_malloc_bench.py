@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers.bench import run_bench
 
 from pipeline.common.malloc import glibc_version
 
 pytestmark = [pytest.mark.stage, pytest.mark.skipif(glibc_version() is None, reason="glibc's malloc only")]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_malloc_bench_compares_both_workers_on_equal_losses():
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "malloc.py"), "--steps", "2", "--rounds", "1",
-                           "--batch", "4", "--threads", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    proc = run_bench("malloc.py", "--steps", "2", "--rounds", "1", "--batch", "4", "--threads", "1", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "losses equal to the bit in every round" in proc.stdout
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[-2:]}

@@ -4,23 +4,18 @@ build_dbs stage, the four loops run in rotating rounds and the table has every r
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.bench import run_bench
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "pretrain.py"
 ROWS = ("bare", "plain", "engine", "loop", "loop+log")
 
 
 def test_stage_bench_prints_every_loop_and_the_target_line():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--images", "24", "--steps", "3",
-                           "--rounds", "2", "--batch-tokens", "256", "--threads", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    proc = run_bench("pretrain.py", "--preset", "tiny", "--images", "24", "--steps", "3", "--rounds", "2",
+                     "--batch-tokens", "256", "--threads", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("loop ") and "tokens/s" in line)
@@ -41,13 +36,10 @@ def test_stage_bench_prints_every_loop_and_the_target_line():
 def test_synthetic_bench_hands_ds_config_to_deepspeed():
     """--ds-config is merged into the config DeepSpeed parses: the header names the change, and a
     key DeepSpeed does not know is refused by DeepSpeed's own validation (one run, ~6 s)."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--world", "synthetic", "--preset", "tiny", "--batch", "4",
-                           "--steps", "2", "--rounds", "1", "--threads", "1",
-                           "--ds-config", '{"bf16": {"no_such_key": 1}}'],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    proc = run_bench("pretrain.py", "--world", "synthetic", "--preset", "tiny", "--batch", "4", "--steps", "2",
+                     "--rounds", "1", "--threads", "1", "--ds-config", '{"bf16": {"no_such_key": 1}}')
     assert 'DeepSpeed config + {"bf16": {"no_such_key": 1}}' in proc.stdout, proc.stdout[-2000:]
     assert proc.returncode != 0 and "no_such_key" in proc.stderr and "extra_forbidden" in proc.stderr
     # a key params own is refused as params refuse it, before anything runs
-    owned = subprocess.run([sys.executable, str(SCRIPT), "--world", "synthetic", "--ds-config", '{"fp16": {}}'],
-                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    owned = run_bench("pretrain.py", "--world", "synthetic", "--ds-config", '{"fp16": {}}')
     assert owned.returncode == 2 and "fp16 is set by pretrain.precision" in owned.stderr, owned.stderr[-2000:]
