@@ -44,6 +44,10 @@ VARIANTS = (("torchvision", False), ("matrix", False), ("torchvision", True), ("
 NUM_CLASSES = 30
 
 
+def layout(variant: tuple[str, bool]) -> str:
+    return "channels-last" if variant[1] else "NCHW"
+
+
 def render_scenes(n: int, size: int, seed: int = 0):
     """``n`` SceneImages over rendered uint8 RGB images (size x size): 2..5 squares / discs each."""
     import numpy as np
@@ -79,12 +83,12 @@ def build_variants(size: int):
     from pipeline.extract.detector.build import build_model
 
     torch.manual_seed(0)
-    reference, cfg = build_model("mini", num_classes=NUM_CLASSES, image_size=size)
-    state = copy.deepcopy(reference.state_dict())
-    models = {}
+    models, state = {}, None
     for impl, channels_last in VARIANTS:
-        model, _ = build_model("mini", num_classes=NUM_CLASSES, image_size=size,
-                               overrides=("MODEL.UNITER.ROI_ALIGN", impl, "MODEL.UNITER.CHANNELS_LAST", channels_last))
+        overrides = ("MODEL.UNITER.ROI_ALIGN", impl, "MODEL.UNITER.CHANNELS_LAST", channels_last)
+        model, cfg = build_model("mini", num_classes=NUM_CLASSES, image_size=size, overrides=overrides)
+        if state is None:  # the first variant's seeded start is every variant's
+            state = copy.deepcopy(model.state_dict())
         model.load_state_dict(state)
         models[(impl, channels_last)] = model
     return models, cfg
@@ -92,12 +96,12 @@ def build_variants(size: int):
 
 def first_losses(model, cfg, scenes, images) -> dict[str, float]:
     """The losses of one training forward on the first batch (no update), from the seeded RNG state."""
-    import numpy as np
+    import math
+
     import torch
+    from detectron2.utils.events import EventStorage
 
     from pipeline.extract.train_detector import _training_input
-
-    from detectron2.utils.events import EventStorage
 
     torch.manual_seed(1)
     model.train()
@@ -105,7 +109,8 @@ def first_losses(model, cfg, scenes, images) -> dict[str, float]:
     batch = [_training_input(images[i], scenes[i], scale, False) for i in range(4)]
     with EventStorage(0):  # with gradients: the training path of the ROIAlign (no backward is run)
         losses = model(batch)
-    return {k: round(float(v.detach()), 5) for k, v in losses.items() if np.isfinite(float(v.detach()))}
+    values = {k: float(v.detach()) for k, v in losses.items()}
+    return {k: round(v, 5) for k, v in values.items() if math.isfinite(v)}
 
 
 def time_round(model, cfg, scenes, images, iters: int, seed: int) -> float:
@@ -136,9 +141,8 @@ def main() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)  # as train_detector
     scenes, images = render_scenes(args.images, args.size)
     models, cfg = build_variants(args.size)
-    for (impl, channels_last), model in models.items():
-        layout = "channels-last" if channels_last else "NCHW"
-        print(f"{impl:>11} / {layout:13s} first losses {first_losses(model, cfg, scenes, images)}")
+    for key, model in models.items():
+        print(f"{key[0]:>11} / {layout(key):13s} first losses {first_losses(model, cfg, scenes, images)}")
     times: dict[tuple, list[float]] = {key: [] for key in VARIANTS}
     for rnd in range(args.rounds + 1):
         order = VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]
@@ -147,14 +151,13 @@ def main() -> None:
             if rnd > 0:  # round 0 warms every variant up
                 times[key].append(seconds)
         if rnd > 0:
-            print(f"round {rnd}: " + ", ".join(f"{k[0]}/{'cl' if k[1] else 'nchw'} {times[k][-1] * 1e3:.0f} ms"
-                                               for k in VARIANTS))
+            print(f"round {rnd}: " + ", ".join(f"{k[0]}/{layout(k)} {times[k][-1] * 1e3:.0f} ms" for k in VARIANTS))
     base = VARIANTS[0]
     print(f"{'ROIAlign':>11}   {'layout':13s}  {'s/iter':>7}  {'vs old':>6}  {'paired':>6}")
     for key in VARIANTS:
         med = statistics.median(times[key])
         paired = statistics.median(t / b for t, b in zip(times[key], times[base]))
-        print(f"{key[0]:>11}   {'channels-last' if key[1] else 'NCHW':13s}  {med:7.3f}  "
+        print(f"{key[0]:>11}   {layout(key):13s}  {med:7.3f}  "
               f"{med / statistics.median(times[base]):6.3f}  {paired:6.3f}")
 
 

@@ -2,6 +2,7 @@
 
 - :mod:`presets`: detectron2 configs of ``butd_r101`` (bottom-up-attention) and ``mini``.
 - :mod:`modeling`: caffe-style stem, configurable res5 head, the region API of the ROI heads.
+- :mod:`roi_align`: ROIAlign as two matrix products, the mini detector's in training.
 - :mod:`attributes`: the box predictor with the bottom-up-attention attribute head.
 - :mod:`checkpoint`: the caffe-converted checkpoint layout (strict loading, restricted unpickling).
 - :mod:`build`: a ready :class:`~pipeline.extract.detector.build.Detector` from a preset and weights.

@@ -23,7 +23,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+from torch.nn.modules.utils import _pair
+
+from detectron2.layers import ROIAlign
 
 
 def _axis_weights(start: torch.Tensor, length: torch.Tensor, bins: int, grid: torch.Tensor, size: int,
@@ -114,33 +116,20 @@ def roi_align_matrix(features: torch.Tensor, rois: torch.Tensor, output_size: tu
     return out.to(dtype)
 
 
-class MatrixROIAlign(nn.Module):
-    """Drop-in for detectron2's ``ROIAlign`` layer (same constructor, ``forward(input, rois)``).
-
-    Pools with :func:`roi_align_matrix` when a backward will follow (training) and with
-    torchvision's kernel otherwise: without a backward, torchvision's forward is the faster of the
-    two (extraction: 14.0 against 13.3 images/s on one thread, docs/throughput.md).
+class MatrixROIAlign(ROIAlign):
+    """detectron2's ``ROIAlign`` layer that pools with :func:`roi_align_matrix` when a backward will
+    follow (training). Otherwise it is detectron2's own layer: without a backward, torchvision's
+    forward is the faster of the two (extraction: 14.0 against 13.3 images/s on one thread,
+    docs/throughput.md).
     """
 
     def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = True) -> None:
-        super().__init__()
-        size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
-        self.output_size = (int(size[0]), int(size[1]))
-        self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = int(sampling_ratio)
-        self.aligned = bool(aligned)
-        if not math.isfinite(self.spatial_scale) or self.spatial_scale <= 0:
+        if not math.isfinite(spatial_scale) or spatial_scale <= 0:
             raise ValueError(f"spatial_scale must be > 0, got {spatial_scale!r}")
+        super().__init__(_pair(output_size), spatial_scale, sampling_ratio, aligned)
 
     def forward(self, input: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:  # noqa: A002 (detectron2's name)
-        assert rois.dim() == 2 and rois.size(1) == 5, f"rois must be [R, 5], got {tuple(rois.shape)}"
         if not (torch.is_grad_enabled() and input.requires_grad):
-            from torchvision.ops import roi_align
-
-            return roi_align(input, rois.to(input.dtype), self.output_size, self.spatial_scale, self.sampling_ratio,
-                             self.aligned)
+            return super().forward(input, rois)
+        assert rois.dim() == 2 and rois.size(1) == 5, f"rois must be [R, 5], got {tuple(rois.shape)}"
         return roi_align_matrix(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
-
-    def extra_repr(self) -> str:
-        return (f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
-                f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}")

@@ -8,8 +8,8 @@ from torch.nn import functional as F
 
 from pipeline.extract.detector.build import build_model
 from pipeline.extract.detector.modeling import CaffeMaxPoolStem
-from pipeline.extract.detector.roi_align import MatrixROIAlign
 from pipeline.extract.detector.presets import inference_settings, make_cfg
+from pipeline.extract.detector.roi_align import MatrixROIAlign
 
 
 def test_butd_r101_settings():
