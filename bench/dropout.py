@@ -11,8 +11,10 @@ units a batch) run forward + ``loss.backward()`` (no optimizer: the part dropout
 
 - ``torch``:  torch's own dropout: ``nn.Dropout`` (``bernoulli_``, one uniform double per element)
               and ``F.scaled_dot_product_attention(dropout_p=0.1)`` (on the CPU its unfused math path);
-- ``model``:  the model's :mod:`model.dropout` (a 31-bit integer per element, and the explicit
-              attention with that mask): what the stages run;
+- ``int32``:  the model's explicit attention and mask application with the masks it drew before
+              2026-12-05: one int32 ``random_()`` of torch's generator per element (31 bits);
+- ``model``:  the model's :mod:`model.dropout` (a 32-bit draw of a PCG64 stream per element, seeded
+              from torch's generator, and the explicit attention with that mask): what the stages run;
 - ``none``:   dropout 0 everywhere (the same attention path as ``model``: explicit under a bf16
               backward, SDPA's fused kernel in fp32): the floor no mask generator can beat.
 
@@ -23,7 +25,7 @@ Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
 q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel,
 :func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path) and the explicit one with the
-model's mask; and one mask from ``bernoulli_`` against :func:`model.dropout.drop_mask`; mean ms
+model's mask; and one mask from ``bernoulli_``, from ``int32`` and from :func:`model.dropout.drop_mask`; mean ms
 over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
 
@@ -57,15 +59,24 @@ def _sdpa(q, k, v, attn_mask, dropout_p):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
+def int32_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The masks of ``int32``: one int32 ``random_()`` (31 random bits) of torch's generator per element."""
+    return torch.empty(shape, dtype=torch.int32, device=device).random_() < round(p * 2**31)
+
+
 @contextlib.contextmanager
-def torch_dropout():
-    """The model with torch's dropout kernels instead of model/dropout.py's."""
-    saved = model.dropout.dropout, model.layers.attention
-    model.dropout.dropout, model.layers.attention = F.dropout, _sdpa
+def dropout_variant(name: str):
+    """The model with variant ``name``'s dropout (see the module docstring; ``model`` and ``none``
+    change nothing here)."""
+    saved = model.dropout.dropout, model.layers.attention, model.dropout.drop_mask
+    if name == "torch":
+        model.dropout.dropout, model.layers.attention = F.dropout, _sdpa
+    elif name == "int32":
+        model.dropout.drop_mask = int32_mask
     try:
         yield
     finally:
-        model.dropout.dropout, model.layers.attention = saved
+        model.dropout.dropout, model.layers.attention, model.dropout.drop_mask = saved
 
 
 def model_and_batches(args: argparse.Namespace) -> tuple[torch.nn.Module, list[dict], str, str]:
@@ -122,8 +133,10 @@ def attention_table(reps: int) -> None:
             print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd':<9}" + "".join(f"{x:16.2f}" for x in row))
     shape = (32, 12, 32, 32)  # one attention mask of the 32 x 32 case
     bern = timed(lambda: torch.empty(shape).bernoulli_(0.9))
+    int32 = timed(lambda: int32_mask(shape, 0.1))
     ours = timed(lambda: model.dropout.drop_mask(shape, 0.1))
-    print(f"one mask of {torch.Size(shape).numel()} elements: bernoulli_ {bern:.2f} ms, drop_mask {ours:.2f} ms")
+    print(f"one mask of {torch.Size(shape).numel()} elements: bernoulli_ {bern:.2f} ms, int32 {int32:.2f} ms, "
+          f"drop_mask {ours:.2f} ms")
 
 
 def main() -> int:
@@ -145,15 +158,14 @@ def main() -> int:
     units = statistics.mean(int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches)
 
     def run(name: str) -> list[float]:
-        ctx = torch_dropout() if name == "torch" else contextlib.nullcontext()
         set_dropout(net, 0.0 if name == "none" else None)
-        with ctx:
+        with dropout_variant(name):
             return [step(net, b) for b in batches]
 
-    names = ["torch", "model", "none"]
+    names = ["torch", "int32", "model", "none"]
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds + 1):
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             t = run(name)
             if r > 0:  # round 0 warms up (allocator, kernels)
                 times[name] += t

@@ -19,7 +19,7 @@ def test_drop_rate_is_p_and_masks_are_independent(p):
     drop = drop_mask((n,), p).double()
     sigma = math.sqrt(p * (1 - p) / n)
     assert abs(drop.mean().item() - p) < 5 * sigma
-    # neighbours (within one random word and across words) are dropped together at rate p^2
+    # neighbours (within one 64-bit word and across words) are dropped together at rate p^2
     both = (drop[:-1] * drop[1:]).mean().item()
     assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / n)
     # every column of a [rows, 384] mask has rate p (no position is favoured)
@@ -52,6 +52,29 @@ def test_seeded_like_torch_and_identity_when_not_training():
     assert isinstance(module, torch.nn.Dropout) and module.p == 0.1
     assert module.eval()(x) is x and dropout(x, 0.0, True) is x
     assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def test_a_mask_takes_one_draw_of_torchs_generator_whatever_its_shape():
+    """torch's generator decides each mask (one seed), and what is drawn after a mask does not depend
+    on its size: runs stay reproducible from ``torch.manual_seed`` and saved RNG states."""
+    after = []
+    for shape in ((1,), (7,), (3, 1001)):
+        torch.manual_seed(7)
+        first = drop_mask(shape, 0.3)
+        after.append(torch.rand(4))
+        torch.manual_seed(7)
+        assert torch.equal(drop_mask(shape, 0.3), first) and first.shape == shape and first.dtype == torch.bool
+    torch.manual_seed(7)
+    torch.randint(1 << 62, (), dtype=torch.int64)
+    expected = torch.rand(4)
+    assert all(torch.equal(a, expected) for a in after)
+    assert drop_mask((0, 5), 0.1).shape == (0, 5) and not drop_mask((64,), 0.0).any()
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_drop_mask_rejects_p_outside_0_to_1(p):
+    with pytest.raises(ValueError, match="p must lie in"):
+        drop_mask((4,), p)
 
 
 def test_mean_matches_torch_dropout_over_many_draws():
