@@ -11,10 +11,11 @@ units a batch) run forward + ``loss.backward()`` (no optimizer: the part dropout
 
 - ``torch``:  torch's own dropout: ``nn.Dropout`` (``bernoulli_``, one uniform double per element)
               and ``F.scaled_dot_product_attention(dropout_p=0.1)`` (on the CPU its unfused math path);
-- ``int32``:  the model's explicit attention and mask application with the masks it drew before
-              2026-12-05: one int32 ``random_()`` of torch's generator per element (31 bits);
-- ``model``:  the model's :mod:`model.dropout` (a 32-bit draw of a PCG64 stream per element, seeded
-              from torch's generator, and the explicit attention with that mask): what the stages run;
+- ``int32``:  the model's explicit attention, with the masks of f8cfd22 to 3ad4b77: one int32
+              ``random_()`` of torch's generator per element (31 bits), applied by ``masked_fill``;
+- ``zeroing``: the masks of :func:`model.dropout.drop_mask` applied by ``masked_fill`` (3ad4b77);
+- ``model``:  the model's :mod:`model.dropout` (16-bit draws of a PCG64 stream seeded from torch's
+              generator, multiplied in as a 1/0 tensor of the input's dtype): what the stages run;
 - ``none``:   dropout 0 everywhere (the same attention path as ``model``: explicit under a bf16
               backward, SDPA's fused kernel in fp32): the floor no mask generator can beat.
 
@@ -25,7 +26,8 @@ Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
 q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel,
 :func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path) and the explicit one with the
-model's mask; and one mask from ``bernoulli_``, from ``int32`` and from :func:`model.dropout.drop_mask`; mean ms
+model's mask; and one mask from ``bernoulli_``, ``int32``, :func:`model.dropout.drop_mask` and
+:func:`model.dropout.keep_multiplier`; mean ms
 over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
 
@@ -59,24 +61,50 @@ def _sdpa(q, k, v, attn_mask, dropout_p):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
-def int32_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.device | str = "cpu") -> torch.Tensor:
+def int32_mask(shape: torch.Size | tuple[int, ...], p: float) -> torch.Tensor:
     """The masks of ``int32``: one int32 ``random_()`` (31 random bits) of torch's generator per element."""
-    return torch.empty(shape, dtype=torch.int32, device=device).random_() < round(p * 2**31)
+    return torch.empty(shape, dtype=torch.int32).random_() < round(p * 2**31)
+
+
+class _ZeroScale(torch.autograd.Function):
+    """The application of ``int32`` and ``zeroing``: the dropped elements zeroed by ``masked_fill``,
+    then scaled; the same on the gradient; saves the bool mask."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, drop: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(drop)
+        ctx.scale = scale
+        return x.masked_fill(drop, 0).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (drop,) = ctx.saved_tensors
+        return grad.masked_fill(drop, 0).mul_(ctx.scale), None, None
+
+
+def _zeroing(mask_fn):
+    def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        if not training or p == 0.0:
+            return x
+        return _ZeroScale.apply(x, mask_fn(x.shape, p), 1.0 / (1.0 - p))
+    return dropout
 
 
 @contextlib.contextmanager
 def dropout_variant(name: str):
     """The model with variant ``name``'s dropout (see the module docstring; ``model`` and ``none``
     change nothing here)."""
-    saved = model.dropout.dropout, model.layers.attention, model.dropout.drop_mask
+    saved = model.dropout.dropout, model.layers.attention
     if name == "torch":
         model.dropout.dropout, model.layers.attention = F.dropout, _sdpa
     elif name == "int32":
-        model.dropout.drop_mask = int32_mask
+        model.dropout.dropout = _zeroing(int32_mask)
+    elif name == "zeroing":
+        model.dropout.dropout = _zeroing(model.dropout.drop_mask)
     try:
         yield
     finally:
-        model.dropout.dropout, model.layers.attention, model.dropout.drop_mask = saved
+        model.dropout.dropout, model.layers.attention = saved
 
 
 def model_and_batches(args: argparse.Namespace) -> tuple[torch.nn.Module, list[dict], str, str]:
@@ -135,8 +163,9 @@ def attention_table(reps: int) -> None:
     bern = timed(lambda: torch.empty(shape).bernoulli_(0.9))
     int32 = timed(lambda: int32_mask(shape, 0.1))
     ours = timed(lambda: model.dropout.drop_mask(shape, 0.1))
+    keep = timed(lambda: model.dropout.keep_multiplier(shape, 0.1, torch.bfloat16))
     print(f"one mask of {torch.Size(shape).numel()} elements: bernoulli_ {bern:.2f} ms, int32 {int32:.2f} ms, "
-          f"drop_mask {ours:.2f} ms")
+          f"drop_mask {ours:.2f} ms, keep_multiplier (bf16) {keep:.2f} ms")
 
 
 def main() -> int:
@@ -162,7 +191,7 @@ def main() -> int:
         with dropout_variant(name):
             return [step(net, b) for b in batches]
 
-    names = ["torch", "int32", "model", "none"]
+    names = ["torch", "int32", "zeroing", "model", "none"]
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds + 1):
         for name in names[r % len(names):] + names[:r % len(names)]:

@@ -1,5 +1,5 @@
 """bench/dropout.py on tiny settings: every dropout variant is timed, and the attention table names
-the three mask generators."""
+the mask generators."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_dropout_bench_times_every_variant_against_torch():
     lines = proc.stdout.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[lines.index(next(
         line for line in lines if line.startswith("dropout "))) + 1:]}
-    assert list(rows) == ["torch", "int32", "model", "none"] and float(rows["torch"][1]) == 1.0
+    assert list(rows) == ["torch", "int32", "zeroing", "model", "none"] and float(rows["torch"][1]) == 1.0
     assert all(float(ms) > 0 for ms, _ in rows.values())
 
 
@@ -24,4 +24,4 @@ def test_dropout_bench_attention_table_times_each_mask_generator():
     assert proc.returncode == 0, proc.stderr[-3000:]
     masks = proc.stdout.splitlines()[-1]
     assert masks.startswith("one mask of 393216 elements:")
-    assert all(f"{name} " in masks for name in ("bernoulli_", "int32", "drop_mask"))
+    assert all(f"{name} " in masks for name in ("bernoulli_", "int32", "drop_mask", "keep_multiplier"))

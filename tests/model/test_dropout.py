@@ -9,7 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.dropout import Dropout, attention, drop_mask, dropout, explicit_attention
+import model.dropout
+from model.config import UniterConfig
+from model.dropout import Dropout, attention, drop_mask, dropout, explicit_attention, keep_multiplier
+from model.layers import Encoder
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -69,6 +72,48 @@ def test_a_mask_takes_one_draw_of_torchs_generator_whatever_its_shape():
     expected = torch.rand(4)
     assert all(torch.equal(a, expected) for a in after)
     assert drop_mask((0, 5), 0.1).shape == (0, 5) and not drop_mask((64,), 0.0).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32])
+def test_keep_multiplier_is_the_complement_of_drop_mask_in_the_given_dtype(dtype):
+    torch.manual_seed(8)
+    keep = keep_multiplier((5, 999), 0.3, dtype)
+    torch.manual_seed(8)
+    drop = drop_mask((5, 999), 0.3)
+    assert keep.dtype == dtype and keep.shape == (5, 999)
+    assert torch.equal(keep, (~drop).to(dtype)) and 0 < int(drop.sum()) < drop.numel()
+
+
+def _masked_fill_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """The application before 2026-12-05: zero the dropped elements of :func:`drop_mask`, then scale."""
+    if not training or p == 0.0:
+        return x
+    return x.masked_fill(drop_mask(x.shape, p), 0) * (1.0 / (1.0 - p))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_multiplying_by_the_kept_mask_gives_the_values_and_gradients_of_zeroing(autocast, monkeypatch):
+    """An encoder's training forward + backward (hidden and attention dropout 0.1, fp32 or bf16
+    autocast) gives the same output and parameter gradients, to the bit, as zeroing with masked_fill."""
+    cfg = UniterConfig.from_preset("tiny", dropout=0.1)
+    torch.manual_seed(9)
+    encoder = Encoder(cfg).train()
+    x = torch.randn(3, 11, cfg.hidden_size)
+    key_mask = torch.ones(3, 11, dtype=torch.bool)
+    key_mask[1, 7:] = False
+
+    def step():
+        torch.manual_seed(10)
+        encoder.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = encoder(x, key_mask)
+        out.float().square().sum().backward()
+        return out.detach(), {n: q.grad.clone() for n, q in encoder.named_parameters()}
+
+    ours, our_grads = step()
+    monkeypatch.setattr(model.dropout, "dropout", _masked_fill_dropout)
+    ref, ref_grads = step()
+    assert torch.equal(ours, ref) and all(torch.equal(our_grads[n], ref_grads[n]) for n in ref_grads)
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
