@@ -3,15 +3,17 @@
 Same semantics as ``torch.nn.Dropout`` (each element zeroed with probability p, independently; the
 kept ones scaled by 1 / (1 - p); identity in eval mode or with p = 0), and governed by the same
 random source: each mask takes one 62-bit seed from torch's default CPU generator, so
-``torch.manual_seed`` and saved RNG states decide every mask. Only the way a mask's bits are drawn
-differs. torch's CPU ``bernoulli_`` draws one uniform double per element from mt19937 on one
+``torch.manual_seed`` and saved RNG states decide every mask. What differs is how a mask is drawn
+and applied. torch's CPU ``bernoulli_`` draws one uniform double per element from mt19937 on one
 thread (~15 ns an element); here the seed starts numpy's PCG64, whose raw 64-bit words give four
 16-bit draws each, and an element is dropped when its draw is below ``round(p * 2**16)``: a drop
-probability within 7.7e-6 of p (0.1 drops at 0.100006), at ~5x the speed of one int32 draw an element. :func:`attention` drops the attention
-probabilities with it: ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` would leave its
-fused CPU kernel for the unfused math path anyway, and that fused kernel's bf16 backward is slow.
-On other devices both fall back to torch's own (fused) kernels. Measured effect per step and on the
-demo: docs/throughput.md.
+probability within 7.7e-6 of p (0.1 drops at 0.100006), at ~5x the speed of one int32 draw an
+element. The mask is multiplied in as a 1/0 tensor of the input's dtype (:func:`keep_multiplier`),
+a quarter of the cost of ``masked_fill``. :func:`attention` drops the attention probabilities with
+it: ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` would leave its fused CPU kernel for
+the unfused math path anyway, and that fused kernel's bf16 backward is slow. On other devices both
+fall back to torch's own (fused) kernels. Measured effect per step and on the demo:
+docs/throughput.md.
 """
 
 from __future__ import annotations
