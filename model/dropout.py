@@ -40,7 +40,7 @@ def _kept(shape: torch.Size | tuple[int, ...], p: float) -> np.ndarray:
     """bool [prod(shape)]: True where an element is kept (its 16-bit draw is at or above
     ``round(p * 2**16)``); takes one seed from torch's default CPU generator."""
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"drop_mask: p must lie in [0, 1), got {p}")
+        raise ValueError(f"dropout mask: p must lie in [0, 1), got {p}")
     n = math.prod(shape)
     seed = int(torch.randint(_SEED_BOUND, (), dtype=torch.int64))
     draws = np.random.PCG64(seed).random_raw(-(-n // 4)).view(np.uint16)[:n]
