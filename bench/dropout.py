@@ -25,8 +25,8 @@ Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with
 
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
 q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel,
-:func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path) and the explicit one with the
-model's mask; and one mask from ``bernoulli_``, ``int32``, :func:`model.dropout.drop_mask` and
+:func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path), the explicit one with the
+model's mask, and the same with the key mask applied by ``masked_fill`` (before 2026-12-05 afternoon); and one mask from ``bernoulli_``, ``int32``, :func:`model.dropout.drop_mask` and
 :func:`model.dropout.keep_multiplier`; mean ms
 over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
 """
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import time
@@ -59,6 +60,14 @@ TASKS = ("mlm", "mrfr", "mrc_kl", "itm")
 
 def _sdpa(q, k, v, attn_mask, dropout_p):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+def masked_fill_attention(q, k, v, attn_mask, dropout_p):
+    """:func:`model.dropout.explicit_attention` before 2026-12-05 (afternoon): the scaled scores of
+    masked keys set by an out-of-place ``masked_fill`` instead of an in-place 0 / -inf bias."""
+    scores = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))).masked_fill(~attn_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
+    return torch.matmul(model.dropout.dropout(probs, dropout_p, True), v)
 
 
 def int32_mask(shape: torch.Size | tuple[int, ...], p: float) -> torch.Tensor:
@@ -147,18 +156,19 @@ def attention_table(reps: int) -> None:
     variants = {"SDPA fused": lambda q, k, v, m: _sdpa(q, k, v, m, 0.0),
                 "explicit": lambda q, k, v, m: model.dropout.explicit_attention(q, k, v, m, 0.0),
                 "SDPA p=0.1": lambda q, k, v, m: _sdpa(q, k, v, m, 0.1),
-                "explicit p=0.1": lambda q, k, v, m: model.dropout.explicit_attention(q, k, v, m, 0.1)}
-    print(f"{'B x L':<9} {'dtype':<9} {'pass':<9}" + "".join(f"{n:>16}" for n in variants))
+                "explicit p=0.1": lambda q, k, v, m: model.dropout.explicit_attention(q, k, v, m, 0.1),
+                "masked_fill p=0.1": lambda q, k, v, m: masked_fill_attention(q, k, v, m, 0.1)}
+    print(f"{'B x L':<9} {'dtype':<9} {'pass':<9}" + "".join(f"{n:>18}" for n in variants))
     for b, length in ((32, 32), (8, 128)):
         for dtype in (torch.float32, torch.bfloat16):
             q, k, v = (torch.randn(b, 12, length, 32, dtype=dtype, requires_grad=True) for _ in range(3))
             mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
             mask[..., length - 5:] = False
             row = [timed(lambda f=f: f(q, k, v, mask).sum().backward()) for f in variants.values()]
-            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd+bwd':<9}" + "".join(f"{x:16.2f}" for x in row))
+            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd+bwd':<9}" + "".join(f"{x:18.2f}" for x in row))
             with torch.no_grad():
                 row = [timed(lambda f=f: f(q, k, v, mask)) for f in list(variants.values())[:2]]
-            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd':<9}" + "".join(f"{x:16.2f}" for x in row))
+            print(f"{b}x{length:<6} {str(dtype)[6:]:<9} {'fwd':<9}" + "".join(f"{x:18.2f}" for x in row))
     shape = (32, 12, 32, 32)  # one attention mask of the 32 x 32 case
     bern = timed(lambda: torch.empty(shape).bernoulli_(0.9))
     int32 = timed(lambda: int32_mask(shape, 0.1))

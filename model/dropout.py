@@ -131,8 +131,12 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_m
                        dropout_p: float) -> torch.Tensor:
     """softmax(q kᵀ / √d, masked) v with the probabilities dropped by :func:`dropout` (none when
     ``dropout_p`` is 0); shapes as :func:`attention`."""
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    # in place on the matmul's fresh output (its backward needs only q and k)
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(q.shape[-1]))
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
+        # adding 0 keeps a score exactly and -inf masks it: masked_fill's values in one in-place pass,
+        # and a backward with nothing to do (softmax's gradient is already 0 where a probability is)
+        bias = torch.zeros(attn_mask.shape, dtype=scores.dtype, device=scores.device)
+        scores = scores.add_(bias.masked_fill_(~attn_mask, float("-inf")))
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     return torch.matmul(dropout(probs, dropout_p, True), v)

@@ -1,5 +1,5 @@
 """bench/dropout.py on tiny settings: every dropout variant is timed, and the attention table names
-the mask generators."""
+the mask generators and the key mask's two applications."""
 
 from __future__ import annotations
 
@@ -25,3 +25,5 @@ def test_dropout_bench_attention_table_times_each_mask_generator():
     masks = proc.stdout.splitlines()[-1]
     assert masks.startswith("one mask of 393216 elements:")
     assert all(f"{name} " in masks for name in ("bernoulli_", "int32", "drop_mask", "keep_multiplier"))
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("B x L"))
+    assert header.split()[-2:] == ["masked_fill", "p=0.1"]  # the key mask's former application, side by side

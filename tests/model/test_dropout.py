@@ -161,6 +161,30 @@ def test_attention_dropout_drops_probabilities_with_the_seeded_mask():
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
 
 
+def _scale_then_masked_fill_attention(q, k, v, attn_mask, dropout_p):
+    """explicit_attention before 2026-12-05: scale the scores, then masked_fill the masked keys."""
+    scores = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))).masked_fill(~attn_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
+    return torch.matmul(dropout(probs, dropout_p, True), v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_explicit_attention_masks_by_bias_with_the_values_and_gradients_of_masked_fill(dtype):
+    """Adding a 0 / -inf bias to the scaled scores gives the output and q, k, v gradients of scaling
+    and then masked_fill, to the bit, with dropout on."""
+    q, k, v, mask = _qkv_mask()
+
+    def run(fn):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(12)
+        out = fn(*leaves, mask, 0.2)
+        (out.float() * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    ours, ref = run(explicit_attention), run(_scale_then_masked_fill_attention)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+
+
 def test_bf16_training_attention_is_explicit_and_close_to_fp32():
     q, k, v, mask = _qkv_mask()
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
