@@ -25,10 +25,11 @@ Precision as the stages resolve ``precision: auto`` (bf16 autocast on a CPU with
 
 ``--attention``: the attention op alone, forward + backward (and forward without gradients), for
 q, k, v [B, 12 heads, L, 32] in fp32 and bf16: SDPA's fused kernel,
-:func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path), the explicit one with the
-model's mask, and the same with the key mask applied by ``masked_fill`` (before 2026-12-05 afternoon); and one mask from ``bernoulli_``, ``int32``, :func:`model.dropout.drop_mask` and
-:func:`model.dropout.keep_multiplier`; mean ms
-over ``--steps`` x ``--rounds`` calls after 3 warm-up calls.
+:func:`model.dropout.explicit_attention`, SDPA with dropout 0.1 (its math path), the explicit one with
+the model's mask, and the same with the key mask applied by ``masked_fill`` (before 2026-12-05
+afternoon); and one mask from ``bernoulli_``, ``int32``, :func:`model.dropout.drop_mask` and
+:func:`model.dropout.keep_multiplier`; mean ms over ``--steps`` x ``--rounds`` calls after 3
+warm-up calls.
 """
 
 from __future__ import annotations
