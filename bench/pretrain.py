@@ -41,7 +41,9 @@ decay 0.01 without biases/norms, warmup + linear decay and gradient clipping:
 
 - plain:     forward, ``loss.backward()``, ``clip_grad_norm_``, ``optimizer.step()``, scheduler;
 - deepspeed: ``pipeline.training.engine.initialize`` (the stage's engine: ZeRO ``--zero-stage``,
-             fp32 on CPU / bf16 on GPU), ``engine.backward`` + ``engine.step``.
+             fp32 on CPU / bf16 on GPU), ``engine.backward`` + ``engine.step``; with ZeRO-1/2 in bf16
+             its overflow check is the gradient-norm test alone, or with ``--overflow-pass``
+             DeepSpeed's per-gradient pass first, as before (the A/B of that change).
 
 They run in alternating rounds of ``--steps`` steps (ABAB...) after one warm-up round each, so
 load from other processes hits both alike; the figure per loop is its median step time over all
@@ -483,6 +485,11 @@ def synthetic_main(args: argparse.Namespace) -> int:
     with process_group(device.type):
         plain = PlainLoop(copy.deepcopy(base), s, prepare)
         engine = EngineLoop(copy.deepcopy(base), s, prepare)
+        if args.overflow_pass:  # DeepSpeed's own per-gradient check back (skip_redundant_overflow_pass's A/B)
+            vars(engine.engine.optimizer).pop("has_overflow", None)
+        print("overflow check (ZeRO-1/2, bf16): " + ("none" if not getattr(engine.engine.optimizer,
+              "check_grad_overflow", False) else "DeepSpeed's per-gradient pass, then the gradient norm"
+              if "has_overflow" not in vars(engine.engine.optimizer) else "the gradient norm alone"))
         fl = flops_per_step(copy.deepcopy(base).to(device).to(torch.bfloat16 if gpu else torch.float32),
                             batches[: len(tasks)], prepare)
         times: dict[str, list[float]] = {"plain": [], "deepspeed": []}
@@ -552,6 +559,9 @@ def main() -> int:
     syn.add_argument("--ds-config", type=ds_config, default={}, metavar="JSON",
                      help="merged over the engine's DeepSpeed config, as params.yaml pretrain.deepspeed is "
                           "(e.g. '{\"bf16\": {\"check_grad_overflow\": false}}')")
+    syn.add_argument("--overflow-pass", action="store_true",
+                     help="keep DeepSpeed's per-gradient inf/NaN pass, which the engine drops where its gradient "
+                          "norm test decides the same (pipeline.training.engine.skip_redundant_overflow_pass)")
     syn.add_argument("--peak-tflops", type=float, default=989.0, help="device peak dense bf16 TFLOP/s (H200: 989)")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", args.device)  # read when deepspeed is first imported

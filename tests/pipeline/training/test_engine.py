@@ -176,3 +176,65 @@ def test_the_one_rank_cpu_engine_clips_with_it(monkeypatch):
         engine.backward(engine(torch.ones(2, 3)).sum())
         engine.step()
     assert calls == [engine.gradient_clipping()] and calls[0] > 0
+
+
+def _bf16_zero2_engine():
+    """A two-layer pretraining model under DeepSpeed's ZeRO-2 bf16 optimizer (the GPU stages' layout),
+    on the CPU's one-rank group, and a batch maker (``poison``: one example's features all NaN, so
+    the loss and the gradients are NaN)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
+    from test_pretraining import C, D, VOCAB, make_batch
+
+    from model.config import UniterConfig
+    from model.pretraining import UniterForPretraining
+    from pipeline.training.engine import cast_batch, initialize
+
+    torch.manual_seed(0)
+    cfg = UniterConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0)
+    model = UniterForPretraining(cfg, img_dim=D, num_classes=C, wra_weight=0.1)
+    engine = initialize(model, settings(precision="bf16", world_size=1, zero_stage=2, grad_accum=1))
+
+    def batch(step: int, poison: bool = False):
+        b = make_batch(seed=step)
+        if poison:
+            b["img_feat"][0] = float("nan")
+        return cast_batch(b, torch.device("cpu"), "bf16")
+
+    return engine, batch
+
+
+def test_zero_bf16_skips_the_same_steps_without_the_per_gradient_overflow_pass():
+    """DeepSpeed's per-gradient inf/NaN pass (ZeRO-1/2, bf16) is dropped because its gradient-norm
+    test skips the same steps: against an engine that keeps the pass, the same weights after finite
+    steps (to the bit), and a NaN step skipped by both, leaving every weight as it was."""
+    from pipeline.training.launch import process_group
+
+    with process_group("cpu"):
+        ours, batch = _bf16_zero2_engine()
+        theirs, _ = _bf16_zero2_engine()
+        del theirs.optimizer.has_overflow  # DeepSpeed's own check, per gradient tensor
+        passes = {"ours": [], "theirs": []}
+        for name, engine in (("ours", ours), ("theirs", theirs)):
+            serial = engine.optimizer.has_overflow_partitioned_grads_serial
+            engine.optimizer.has_overflow_partitioned_grads_serial = \
+                lambda calls=passes[name], serial=serial: calls.append(1) or serial()
+
+        def run(engine, step, poison=False):
+            engine.backward(engine(batch(step, poison), "mrfr").loss)
+            engine.step()
+            return engine.optimizer.overflow, [p.detach().clone() for p in engine.module.parameters()]
+
+        for step, poison in ((0, False), (1, False), (2, True), (3, False)):
+            before = [p.detach().clone() for p in ours.module.parameters()]
+            our_overflow, our_weights = run(ours, step, poison)
+            their_overflow, their_weights = run(theirs, step, poison)
+            assert our_overflow is their_overflow is poison, step
+            assert all(torch.equal(a, b) for a, b in zip(our_weights, their_weights)), step
+            if poison:
+                assert all(torch.equal(a, b) for a, b in zip(before, our_weights))
+            else:
+                assert not all(torch.equal(a, b) for a, b in zip(before, our_weights))
+    assert len(passes["theirs"]) == 4 and not passes["ours"]  # the kept pass ran on every step, ours never
