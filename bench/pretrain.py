@@ -485,11 +485,13 @@ def synthetic_main(args: argparse.Namespace) -> int:
     with process_group(device.type):
         plain = PlainLoop(copy.deepcopy(base), s, prepare)
         engine = EngineLoop(copy.deepcopy(base), s, prepare)
+        optimizer = engine.engine.optimizer
         if args.overflow_pass:  # DeepSpeed's own per-gradient check back (skip_redundant_overflow_pass's A/B)
-            vars(engine.engine.optimizer).pop("has_overflow", None)
-        print("overflow check (ZeRO-1/2, bf16): " + ("none" if not getattr(engine.engine.optimizer,
-              "check_grad_overflow", False) else "DeepSpeed's per-gradient pass, then the gradient norm"
-              if "has_overflow" not in vars(engine.engine.optimizer) else "the gradient norm alone"))
+            vars(optimizer).pop("has_overflow", None)
+        if getattr(optimizer, "check_grad_overflow", False):  # ZeRO-1/2 in bf16
+            dropped = "has_overflow" in vars(optimizer)
+            print("overflow check: " + ("the gradient norm alone" if dropped
+                                        else "DeepSpeed's per-gradient pass, then the gradient norm"))
         fl = flops_per_step(copy.deepcopy(base).to(device).to(torch.bfloat16 if gpu else torch.float32),
                             batches[: len(tasks)], prepare)
         times: dict[str, list[float]] = {"plain": [], "deepspeed": []}

@@ -5,6 +5,17 @@ from pipeline.training.engine import (EngineSettings, deepspeed_config, param_gr
                                       warmup_linear_decay)
 
 
+def _pretraining_batches():
+    """tests/model/test_pretraining.py's vocabulary size, feature width, class count and batch maker."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
+    from test_pretraining import C, D, VOCAB, make_batch
+
+    return VOCAB, D, C, make_batch
+
+
 def settings(**kw):
     base = dict(device=torch.device("cpu"), precision="fp32", world_size=2, zero_stage=2, grad_accum=4,
                 grad_clip=2.0, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, warmup_steps=10, total_steps=100)
@@ -105,17 +116,13 @@ def test_bf16_autocast_losses_match_fp32_on_a_fixed_batch(task):
     """The engine under bf16 autocast: fp32 weights (same state dict), bf16 matmuls, and every
     pretraining loss of a `small`-width model within AUTOCAST_LOSS_RTOL of fp32 on the same batch."""
     import copy
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
-    from test_pretraining import C, D, VOCAB, make_batch
 
     from model.config import UniterConfig
     from model.pretraining import UniterForPretraining
     from pipeline.training.engine import initialize
     from pipeline.training.launch import process_group
 
+    VOCAB, D, C, make_batch = _pretraining_batches()
     torch.manual_seed(0)
     cfg = UniterConfig.from_preset("small", vocab_size=VOCAB, dropout=0.0, num_layers=2)
     reference = UniterForPretraining(cfg, img_dim=D, num_classes=C, wra_weight=0.1)
@@ -182,16 +189,11 @@ def _bf16_zero2_engine():
     """A two-layer pretraining model under DeepSpeed's ZeRO-2 bf16 optimizer (the GPU stages' layout),
     on the CPU's one-rank group, and a batch maker (``poison``: one example's features all NaN, so
     the loss and the gradients are NaN)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "model"))
-    from test_pretraining import C, D, VOCAB, make_batch
-
     from model.config import UniterConfig
     from model.pretraining import UniterForPretraining
     from pipeline.training.engine import cast_batch, initialize
 
+    VOCAB, D, C, make_batch = _pretraining_batches()
     torch.manual_seed(0)
     cfg = UniterConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0)
     model = UniterForPretraining(cfg, img_dim=D, num_classes=C, wra_weight=0.1)
