@@ -1,14 +1,16 @@
 """RefCOCO+ (UNC splits): ``refs(unc).p`` (a pickle of plain dicts) + ``instances.json`` over COCO
 train2014 images. Expressions use appearance words only; testA/testB split targets by shape group
 (the mini analogue of people vs. other objects). ``mini_world.refcoco_expressions: comparing`` adds
-expressions that compare regions (``task_text.comparing_expressions``)."""
+expressions that compare regions (``task_text.comparing_expressions``). ``mini_world.refcoco_unseen_kinds``
+leaves some colour-shape kinds out of the train split's targets (:func:`unseen_kinds`): real RefCOCO+
+asks its test split for appearance words its train split has seen rarely or never."""
 
 from __future__ import annotations
 
 import pickle
 
 from pipeline.mini_world.coco import LICENSES, categories
-from pipeline.mini_world.scenes import SHAPES
+from pipeline.mini_world.scenes import COLOURS, SHAPES
 from pipeline.mini_world.task_text import naming_expressions, referring_expressions
 from pipeline.mini_world.text import tokenize
 from pipeline.mini_world.world import World
@@ -49,6 +51,14 @@ def write_refcoco(world: World) -> None:
     world.info["refcoco"] = {"eval_keys": [k for k in used if world.is_eval(k)]}
 
 
+def unseen_kinds(n: int) -> frozenset[tuple[str, str]]:
+    """The first ``n`` (colour, shape) kinds of the diagonal order: kind i has colour i mod 5 and shape
+    i mod 6, which runs through all 30 kinds once (5 and 6 are coprime), so the kinds left out spread
+    over the colours and shapes as evenly as ``n`` allows and every word keeps seen kinds."""
+    colours = list(COLOURS)
+    return frozenset((colours[i % len(colours)], SHAPES[i % len(SHAPES)]) for i in range(n))
+
+
 def in_split(split: str, shape: str) -> bool:
     """Whether a target of ``shape`` may be referred to in ``split`` (testA / testB part the shapes)."""
     return not (split == "testA" and shape not in TEST_A_SHAPES or split == "testB" and shape in TEST_A_SHAPES)
@@ -62,14 +72,15 @@ def has_refs(scene, split: str) -> bool:
 
 def write_image_refs(world: World, rng, key: str, split: str, ann_ids: list[int], refs: list[dict]) -> int:
     """The refs of COCO image ``key`` in ``split`` (testA: targets of the first shapes, testB: the
-    others), appended to ``refs`` with ref and sentence ids counting on; returns how many (0: the
-    image is not used)."""
+    others; train: none of the unseen kinds), appended to ``refs`` with ref and sentence ids counting
+    on; returns how many (0: the image is not used)."""
     scene = world.images[key].scene
     image_id = int(key.split("/")[1])
     ref_id, sent_id = len(refs), sum(len(r["sentences"]) for r in refs)
+    unseen = unseen_kinds(world.cfg.refcoco_unseen_kinds) if split == "train" else frozenset()
     made = 0
     for t, obj in enumerate(scene.objects):
-        if not in_split(split, obj.shape):
+        if not in_split(split, obj.shape) or (obj.colour, obj.shape) in unseen:
             continue
         exps = referring_expressions(rng, scene, t, comparing=world.cfg.refcoco_expressions == "comparing")
         if not exps:
