@@ -6,7 +6,6 @@ may move, so the pretraining corpus, the images and every val and test expressio
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.mini_world import small_config
+from pipeline.common.runinfo import file_digest
 from pipeline.mini_world import generate
 from pipeline.mini_world.refcoco import INSTANCES, REFS, unseen_kinds
 from pipeline.mini_world.scenes import CATEGORIES, COLOURS, SHAPES
@@ -49,8 +49,7 @@ def _eval_refs(world: Path) -> list[tuple]:
 
 
 def _digests(world: Path) -> dict[str, str]:
-    return {str(p.relative_to(world)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(world.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(world)): file_digest(p) for p in sorted(world.rglob("*")) if p.is_file()}
 
 
 def test_unseen_kinds_leave_the_train_targets_only(tmp_path):
