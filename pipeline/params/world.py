@@ -61,7 +61,7 @@ class MiniWorldConfig:
     # colour-shape kinds that no RefCOCO+ train expression refers to (val and test still do), the
     # first n of a fixed order that spreads them over colours and shapes: a fine-tuning split that
     # leaves part of what its test asks to pretraining (pipeline/mini_world/refcoco.py)
-    refcoco_unseen_kinds: int = bounded(0, 0, 29)
+    refcoco_unseen_kinds: int = bounded(12, 0, 29)
 
     def problems(self) -> list[tuple[str, str]]:
         """Keys of this section that are wrong, as (key, message); the parser raises on them."""
