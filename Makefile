@@ -16,7 +16,7 @@ export PYTHONHASHSEED := 0
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup setup-download demo ablations seeds test test-full test-fast test-unit gpu-check airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup setup-download demo ablations seeds test test-full test-fast test-unit gpu-check gpu-carry airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -81,6 +81,10 @@ test-unit: $(STAMP)
 # on the CPU with tiny shapes (`make test` runs it via tests/bench/test_gpu_check.py).
 gpu-check: $(STAMP)
 	$(BIN)/python bench/gpu_check.py $(if $(DRY),--dry) --out $(or $(OUT_JSON),gpu_check.json) $(if $(PROFILE),--profile $(PROFILE))
+
+# .gpu_carry/site: what the check imports and a lent GPU machine's image lacks (docs/gpu.md)
+gpu-carry: $(STAMP)
+	DS_ACCELERATOR=cpu $(BIN)/python scripts/gpu_carry.py
 
 # Fine-tuning spread over seeds (docs/experiments.md): one `dvc exp run` per seed that changes only
 # finetune.seed (same data, same pretrained model: only the finetune@* stages rerun), then the table.
