@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/gpu_carry.py            # -> .gpu_carry/site (+ .gpu_carry/manifest.json)
 
-The lent GPU machines (docs/gpu.md, "How a run is made") hold their own Python 3.12 with a CUDA
+The lent GPU machines (docs/gpu.md, "How the 2026-12-04 run was made") hold their own Python 3.12 with a CUDA
 build of torch, numpy and a few hundred common packages, cannot reach a package index, and take
 the working tree plus named extra folders. This script finds what the check imports and the
 machine lacks, by running the check's own code paths here: ``bench/gpu_check.py --dry`` and one
@@ -66,7 +66,8 @@ def imported_top_level() -> set[str]:
             except SystemExit as e:
                 if e.code not in (0, None):
                     raise SystemExit(f"gpu_carry: {script} {' '.join(args)} exited with {e.code}") from None
-    sys.argv = argv
+            finally:
+                sys.argv = argv
     return {name.split(".")[0] for name in list(sys.modules)}
 
 
@@ -80,8 +81,9 @@ def site_packages_module(name: str) -> Path | None:
     return hits[0] if hits else None
 
 
-def distribution_of(name: str) -> md.Distribution:
-    dists = md.packages_distributions().get(name)
+def distribution_of(name: str, providers: dict[str, list[str]]) -> md.Distribution:
+    """The installed distribution of top-level module ``name``; ``providers``: ``md.packages_distributions()``."""
+    dists = providers.get(name)
     if not dists:
         raise SystemExit(f"gpu_carry: no installed distribution provides module {name!r}")
     return md.distribution(dists[0])
@@ -118,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.out, ignore_errors=True)
     site.mkdir(parents=True)
     manifest = []
+    providers = md.packages_distributions()  # one scan of every installed distribution, not one per module
     for name in wanted:
         path = site_packages_module(name)
         if path is None:  # a module of the stdlib's extension folder or an alias: nothing to carry
             continue
-        dist = distribution_of(name)
+        dist = distribution_of(name, providers)
         entry = {"module": name, "distribution": dist.metadata["Name"], "version": dist.version}
         if is_compiled(path):
             with tempfile.TemporaryDirectory() as tmp:
