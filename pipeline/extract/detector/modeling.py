@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from detectron2.layers import ROIAlign, ShapeSpec
+from detectron2.config import configurable
+from detectron2.layers import Conv2d, FrozenBatchNorm2d, ROIAlign, ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
 from detectron2.modeling.roi_heads import Res5ROIHeads
@@ -40,6 +41,34 @@ class CaffeMaxPoolStem(BasicStem):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu_(self.conv1(x))
         return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
+
+
+def fold_batch_norms(model: nn.Module) -> int:
+    """Fold each detectron2 ``Conv2d``'s inference-mode norm (``BatchNorm2d`` with running statistics
+    or ``FrozenBatchNorm2d``) into the convolution's weight and bias, in place; returns how many.
+
+    For inference only (call on a model in eval mode, or a copy of it): y = gamma * (conv(x) - mean)
+    / sqrt(var + eps) + beta is the convolution with weight * s and bias beta + (b - mean) * s, s =
+    gamma / sqrt(var + eps), so the separate normalization pass over every activation goes (~10% of
+    the mini detector's extraction on CPU). Equal up to float rounding (~1e-6 relative).
+    """
+    folded = 0
+    for conv in model.modules():
+        norm = getattr(conv, "norm", None)
+        if not isinstance(conv, Conv2d) or not isinstance(norm, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+            continue
+        if isinstance(norm, nn.BatchNorm2d) and (norm.training or norm.running_var is None):
+            raise ValueError("fold_batch_norms: a BatchNorm2d is in training mode or has no running statistics")
+        with torch.no_grad():
+            scale = norm.weight.float() / torch.sqrt(norm.running_var.float() + norm.eps)
+            bias = conv.bias.float() if conv.bias is not None else torch.zeros_like(scale)
+            weight = conv.weight.float() * scale.view(-1, *([1] * (conv.weight.dim() - 1)))
+            conv.weight.copy_(weight.to(conv.weight.dtype))
+            conv.bias = nn.Parameter((norm.bias.float() + (bias - norm.running_mean.float()) * scale)
+                                     .to(conv.weight.dtype), requires_grad=False)
+        conv.norm = None
+        folded += 1
+    return folded
 
 
 @BACKBONE_REGISTRY.register()
@@ -77,8 +106,38 @@ class UniterRes5ROIHeads(Res5ROIHeads):
     ``MODEL.UNITER.RES5_HEAD_STRIDE`` / ``RES5_HEAD_DILATION``: bottom-up-attention keeps the
     pooled 14x14 grid (stride 1, dilation 2); the mini preset halves it (stride 2, dilation 1).
     ``MODEL.UNITER.ATTRIBUTE_ON`` swaps in :class:`AttributeFastRCNNOutputLayers`.
-    ``MODEL.UNITER.ROI_ALIGN: matrix`` pools with :class:`MatrixROIAlign` (the same op).
+    ``MODEL.UNITER.ROI_ALIGN: matrix`` pools with :class:`MatrixROIAlign` (the same op). When the
+    first res5 block reads its input only through 1x1 convolutions of stride s (the mini preset:
+    stride 2, ``STRIDE_IN_1X1``), the pooler computes only the bins they read (every s-th, 4x4 of
+    7x7) and those convolutions run at stride 1: the same function, a third of the pooling work and
+    no channels-last conversion of the pooled grid (:meth:`pool_only_read_bins`).
     """
+
+    @configurable
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.pool_only_read_bins()
+
+    def pool_only_read_bins(self) -> int:
+        """Pool only the bins the first res5 block reads, when it reads every s-th through 1x1 convs
+        of stride s and padding 0 (its shortcut and ``conv1``; ``conv2`` at stride 1). Returns s (1:
+        left as it was)."""
+        first = self.res5[0]
+        poolers = self.pooler.level_poolers
+        readers = [getattr(first, "shortcut", None), first.conv1]
+        # one level: detectron2's multi-level pooler allocates the full grid for its output
+        if not (isinstance(first, BottleneckBlock) and len(poolers) == 1 and isinstance(poolers[0], MatrixROIAlign)
+                and all(c is not None and c.kernel_size == (1, 1) and c.padding == (0, 0) for c in readers)
+                and first.conv2.stride == (1, 1) and len({c.stride for c in readers}) == 1):
+            return 1
+        stride = readers[0].stride
+        if stride[0] != stride[1] or stride[0] == 1:
+            return 1
+        for conv in readers:
+            conv.stride = (1, 1)
+        for pooler in poolers:
+            pooler.bin_stride = stride[0]
+        return stride[0]
 
     @classmethod
     def from_config(cls, cfg, input_shape):

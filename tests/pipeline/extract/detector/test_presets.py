@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 
+from detectron2.layers import Conv2d, FrozenBatchNorm2d
+from detectron2.structures import Boxes
+
 from pipeline.extract.detector.build import build_model
-from pipeline.extract.detector.modeling import CaffeMaxPoolStem
+from pipeline.extract.detector.modeling import CaffeMaxPoolStem, fold_batch_norms
 from pipeline.extract.detector.presets import inference_settings, make_cfg
 from pipeline.extract.detector.roi_align import MatrixROIAlign
 
@@ -88,3 +92,48 @@ def test_matrix_roi_align_needs_a_known_impl_and_an_roialign_pooler():
         build_model("mini", num_classes=3, overrides=("MODEL.UNITER.ROI_ALIGN", "cuda"))
     with pytest.raises(ValueError, match="needs an ROIAlign pooler"):
         build_model("mini", num_classes=3, overrides=("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIPool"))
+
+
+def test_the_mini_head_pools_only_the_bins_its_first_block_reads():
+    """Same pooled features as pooling all 7 x 7 bins and striding the first block's 1x1 convolutions."""
+    torch.manual_seed(0)
+    mini, _ = build_model("mini", num_classes=5, image_size=64)
+    heads = mini.roi_heads.eval()
+    block = heads.res5[0]
+    assert heads.pooler.level_poolers[0].bin_stride == 2
+    assert block.conv1.stride == (1, 1) and block.shortcut.stride == (1, 1)
+    gen = torch.Generator().manual_seed(1)
+    fmap = {"res4": torch.randn(2, 256, 12, 12, generator=gen)}
+    boxes = [Boxes(torch.tensor([[0.0, 0.0, 100.0, 80.0], [30.0, 40.0, 190.0, 150.0]])),
+             Boxes(torch.tensor([[10.0, 20.0, 60.0, 170.0]]))]
+    with torch.inference_mode():
+        read_only = heads.pooled_features(fmap, boxes)
+        heads.pooler.level_poolers[0].bin_stride = 1
+        block.conv1.stride = block.shortcut.stride = (2, 2)
+        every_bin = heads.pooled_features(fmap, boxes)
+    assert read_only.shape == every_bin.shape == (3, 512)
+    torch.testing.assert_close(read_only, every_bin, rtol=1e-5, atol=1e-5)
+    # butd_r101's head (stride 1, dilated) reads every bin: left as it is
+    r101, _ = build_model("butd_r101")
+    assert r101.roi_heads.pool_only_read_bins() == 1
+
+
+def test_fold_batch_norms_keeps_the_inference_output():
+    torch.manual_seed(0)
+    conv = Conv2d(4, 6, kernel_size=3, padding=1, bias=False, norm=nn.BatchNorm2d(6))
+    frozen = Conv2d(6, 3, kernel_size=1, bias=True, norm=FrozenBatchNorm2d(3))
+    with torch.no_grad():
+        for norm in (conv.norm, frozen.norm):
+            norm.running_mean.uniform_(-1, 1)
+            norm.running_var.uniform_(0.5, 2)
+            norm.weight.uniform_(0.5, 2)
+            norm.bias.uniform_(-1, 1)
+    model = nn.Sequential(conv, frozen).eval()
+    x = torch.randn(2, 4, 9, 9)
+    expected = model(x)
+    assert fold_batch_norms(model) == 2
+    assert conv.norm is None and frozen.norm is None
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+    training = Conv2d(2, 2, kernel_size=1, norm=nn.BatchNorm2d(2))
+    with pytest.raises(ValueError, match="training mode"):
+        fold_batch_norms(training)

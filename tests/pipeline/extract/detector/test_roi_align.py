@@ -83,3 +83,32 @@ def test_bf16_input_is_pooled_in_fp32_and_returned_in_bf16():
 def test_bad_scale_is_refused():
     with pytest.raises(ValueError, match="spatial_scale"):
         MatrixROIAlign(7, 0.0, 0)
+
+
+@pytest.mark.parametrize("output_size", [(7, 7), (6, 5)])
+def test_bin_stride_pools_every_sth_bin_of_torchvisions_grid(output_size):
+    """bin_stride 2: torchvision's output at bins 0, 2, 4, ... (forward and backward), in channels-last memory."""
+    gen = torch.Generator().manual_seed(8)
+    feats = torch.randn(3, 5, 12, 10, generator=gen, dtype=torch.float64)
+    rois = _rois(gen, 3, 48, 192.0).double()
+    mine, ref = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    out = roi_align_matrix(mine, rois, output_size, 1.0 / 16, 0, True, bin_stride=2)
+    expected = roi_align(ref, rois, output_size, 1.0 / 16, 0, True)[:, :, ::2, ::2]
+    assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_the_layer_with_a_bin_stride_always_takes_the_matrix_path():
+    gen = torch.Generator().manual_seed(9)
+    feats = torch.randn(2, 3, 12, 12, generator=gen)
+    rois = _rois(gen, 2, 10, 192.0)
+    layer = MatrixROIAlign((7, 7), 1.0 / 16, 0, aligned=True, bin_stride=2)
+    expected = roi_align(feats, rois, (7, 7), 1.0 / 16, 0, True)[:, :, ::2, ::2]
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(feats, rois), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bin_stride"):
+        MatrixROIAlign(7, 1.0 / 16, 0, bin_stride=0)
