@@ -158,7 +158,7 @@ def extraction(plan: Plan, device, precision: str) -> dict:
 
     h, w = plan.image_hw
     detector, weights = make_detector(plan.detector, device.type, min(h, w))
-    amp = torch.bfloat16 if precision == "bf16" else None  # autocast; the extractor ignores it on CPU
+    amp = torch.bfloat16 if precision == "bf16" else None  # autocast, as extraction's
     extractor = RegionExtractor(detector, batch_size=plan.det_batch, amp=amp)
     images = render_images(2 * plan.det_batch, h, w)
     chunks = [images[: plan.det_batch], images[plan.det_batch:]]  # two distinct batches, alternated

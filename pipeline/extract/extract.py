@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from pipeline.common.ownership import claim_dir, preflight
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
 from pipeline.extract.detector.files import WEIGHTS_FILE, detector_dir
-from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, plan_shards,
-                                              remove_stale_files, run_shards, settings_record)
+from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
+                                              plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import IMAGE_SOURCES
 from pipeline.params.parser import Params
 
@@ -161,7 +161,7 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
     settings = ExtractSettings(preset=cfg.detector, weights=str(weights), weights_digest=file_digest(weights),
                                device=device, batch_size=cfg.batch_size, conf_th=cfg.conf_th,
                                min_boxes=cfg.min_boxes, max_boxes=cfg.max_boxes, proposals=cfg.proposals,
-                               amp=None if cfg.amp == "none" else cfg.amp)
+                               amp=effective_amp(cfg.amp, device))
     return settings, workers
 
 

@@ -14,6 +14,7 @@ not depend on which images it was batched with. Outputs come back in input order
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from torch.nn import functional as F
 from detectron2.structures import Boxes, ImageList
 
 from pipeline.extract.detector.build import Detector
+from pipeline.extract.detector.modeling import fold_batch_norms
 from pipeline.extract.detector.presets import inference_settings
 from pipeline.extract.detector.selection import select_regions
 
@@ -58,20 +60,28 @@ def normalized_boxes(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.concatenate([b, w[:, None], h[:, None], (w * h)[:, None]], axis=1).astype(np.float32)
 
 
+def autocast_dtype(amp: str | None) -> torch.dtype | None:
+    """``"bf16"`` / ``"fp16"`` / None (as ``ExtractSettings.amp``) -> the torch dtype or None."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
+
+
 class RegionExtractor:
     """Run a :class:`Detector` over images.
 
     Args (keyword-only after ``detector``):
         conf_th, min_boxes, max_boxes: the keep rule of detected mode.
         batch_size: images per forward pass.
-        amp: autocast dtype on CUDA (``torch.bfloat16`` / ``torch.float16``) or None; ignored on CPU.
+        amp: autocast dtype of the forward (``torch.bfloat16``, or ``torch.float16`` on CUDA) or None
+            (fp32); the stage passes bf16 on a CPU only where it is native (``runner.effective_amp``).
         test_size: (min_size, max_size) replacing the preset's test scale (tests, benchmarks).
     """
 
     def __init__(self, detector: Detector, *, conf_th: float = 0.2, min_boxes: int = 10, max_boxes: int = 100,
                  batch_size: int = 8, amp: torch.dtype | None = None, test_size: tuple[int, int] | None = None):
         self.detector = detector
-        self.model = detector.model.eval()
+        # a copy with the batch norms folded into the convolutions: the detector itself may train on
+        self.model = copy.deepcopy(detector.model).eval()
+        fold_batch_norms(self.model)
         self.settings = inference_settings(detector.cfg)
         if test_size is not None:
             self.settings = dataclasses.replace(self.settings, min_size=test_size[0], max_size=test_size[1])
@@ -109,8 +119,8 @@ class RegionExtractor:
         return (x - self.pixel_mean) / self.pixel_std, scale
 
     def _autocast(self):
-        if self.amp is not None and self.device.type == "cuda":
-            return torch.autocast(device_type="cuda", dtype=self.amp)
+        if self.amp is not None:
+            return torch.autocast(device_type=self.device.type, dtype=self.amp)
         return contextlib.nullcontext()
 
     # -------------------------------------------------------------------------------- inference

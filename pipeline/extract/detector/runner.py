@@ -61,7 +61,7 @@ class ExtractSettings:
     conf_th: float
     min_boxes: int
     max_boxes: int
-    amp: str | None = "bf16"  # CUDA autocast dtype: bf16 | fp16 | None
+    amp: str | None = "bf16"  # autocast dtype: bf16 | fp16 | None, as it applies (:func:`effective_amp`)
     # torch intra-op threads per CPU worker. Results change with the thread count (parallel
     # reductions split differently), so it is fixed: parallelism comes from worker processes,
     # and the bytes do not depend on how many workers ran.
@@ -75,6 +75,19 @@ class ExtractSettings:
         if self.proposals is not None:  # only when set: the shards of the preset's count keep their digest
             payload["proposals"] = self.proposals
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def effective_amp(amp: str, device: str) -> str | None:
+    """The autocast dtype extraction runs in for ``extract.amp`` (bf16 | fp16 | none) on ``device``:
+    as asked on CUDA; on a CPU bf16 only, and only where the CPU has native bf16 (as ``precision:
+    auto`` trains), else fp32 (None). Recorded in the settings, so the shards' digest says which."""
+    if amp == "none":
+        return None
+    if device == "cuda":
+        return amp
+    from pipeline.common.hardware import cpu_has_bf16
+
+    return "bf16" if amp == "bf16" and cpu_has_bf16() else None
 
 
 @dataclass
@@ -132,7 +145,7 @@ def _init_worker(settings: ExtractSettings, gpu_queue=None) -> None:
     import torch
 
     from pipeline.extract.detector.build import load_detector
-    from pipeline.extract.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.extractor import RegionExtractor, autocast_dtype
 
     device = settings.device
     if device == "cuda":
@@ -143,7 +156,7 @@ def _init_worker(settings: ExtractSettings, gpu_queue=None) -> None:
         torch.set_num_threads(max(1, settings.threads))
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = False
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.amp or "")
+    amp = autocast_dtype(settings.amp)
     detector = load_detector(settings.preset, settings.weights, device=device, proposals=settings.proposals)
     _WORKER["extractor"] = RegionExtractor(detector, conf_th=settings.conf_th, min_boxes=settings.min_boxes,
                                            max_boxes=settings.max_boxes, batch_size=settings.batch_size, amp=amp)

@@ -81,3 +81,37 @@ def test_given_boxes_must_match_images(mini_detector):
     images, _ = scene_images(2)
     with pytest.raises(ValueError, match="one box array per image"):
         RegionExtractor(mini_detector).extract(images, [np.zeros((0, 4))])
+
+
+def test_the_extractor_runs_a_folded_copy_and_leaves_the_detector_as_it_was(mini_detector):
+    """Folded batch norms give the features of the detector itself (float rounding apart), and the
+    detector keeps its norms (training may go on with it)."""
+    import torch
+    from detectron2.structures import Boxes
+
+    images, objects = scene_images(2, seed=5)
+    extractor = RegionExtractor(mini_detector)
+    assert extractor.model is not mini_detector.model
+    assert mini_detector.model.roi_heads.res5[0].conv1.norm is not None
+    assert extractor.model.roi_heads.res5[0].conv1.norm is None
+    boxes = [np.array([o["box"] for o in objs], dtype=np.float32) for objs in objects]
+    folded = extractor.extract(images, boxes)
+    model = mini_detector.model.eval()
+    with torch.inference_mode():
+        for img, given, r in zip(images, boxes, folded):
+            x, scale = extractor.to_input(img)
+            features = model.backbone(x[None])
+            pooled = model.roi_heads.pooled_features(features, [Boxes(torch.from_numpy(given * scale))])
+            np.testing.assert_allclose(r.features, pooled.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_amp_autocasts_on_the_cpu_too(mini_detector):
+    import torch
+
+    images, _ = scene_images(1)
+    box = [np.array([[8, 8, 40, 40]], dtype=np.float32)]
+    fp32 = RegionExtractor(mini_detector).extract(images, box)[0]
+    bf16 = RegionExtractor(mini_detector, amp=torch.bfloat16).extract(images, box)[0]
+    assert bf16.features.dtype == np.float32  # returned in fp32 whatever the forward ran in
+    assert not np.array_equal(fp32.features, bf16.features)
+    np.testing.assert_allclose(bf16.features, fp32.features, rtol=0.1, atol=0.1 * np.abs(fp32.features).max())
