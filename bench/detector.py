@@ -1,6 +1,6 @@
 """Benchmark: the mini detector's training iteration, by ROIAlign kernel and memory layout, side by side.
 
-    .venv/bin/python bench/detector.py                 # 5 variants x 5 rounds of 20 iterations, 2 threads
+    .venv/bin/python bench/detector.py                 # 4 variants x 5 rounds of 20 iterations, 2 threads
     .venv/bin/python bench/detector.py --rounds 1 --iters 2 --images 8     # a smoke run
 
 What ``train_detector`` does per iteration (``pipeline.extract.train_detector.train``: 4 images,
@@ -11,10 +11,7 @@ world's 192-px scale, for each of:
   contiguous weights: the preset before 2026-12-05;
 - ``matrix / NCHW``:       ``MODEL.UNITER.ROI_ALIGN: matrix`` (``pipeline.extract.detector.roi_align``);
 - ``torchvision / channels-last`` and ``matrix / channels-last`` (``MODEL.UNITER.CHANNELS_LAST``): the
-  last is the preset now;
-- ``matrix / channels-last / every bin``: the same, pooling all 7 x 7 bins and striding the first res5
-  block's 1x1 convolutions, as the preset did before it pooled only the 4 x 4 bins they read
-  (``UniterRes5ROIHeads.pool_only_read_bins``).
+  last is the preset now.
 
 Every variant starts from the same weights (one seeded model, copied) and trains on the same images
 and batches (rendered in memory: coloured squares and discs with their boxes, 30 classes), so the
@@ -43,27 +40,12 @@ from pipeline.common.openmp import set_stage_wait_policy  # noqa: E402  isort: s
 set_stage_wait_policy()  # as a stage process waits (before torch loads)
 keep_freed_memory()
 
-# (ROIAlign kernel, channels-last, only the bins the res5 head reads)
-VARIANTS = (("torchvision", False, False), ("matrix", False, True), ("torchvision", True, False),
-            ("matrix", True, False), ("matrix", True, True))
+VARIANTS = (("torchvision", False), ("matrix", False), ("torchvision", True), ("matrix", True))
 NUM_CLASSES = 30
 
 
-def layout(variant: tuple[str, bool, bool]) -> str:
-    bins = "" if variant[2] or variant[0] != "matrix" else " / every bin"
-    return ("channels-last" if variant[1] else "NCHW") + bins
-
-
-def pool_every_bin(model) -> None:
-    """Undo ``pool_only_read_bins``: pool the whole grid, stride the first res5 block's 1x1 convs."""
-    heads = model.roi_heads
-    pooler = heads.pooler.level_poolers[0]
-    stride = getattr(pooler, "bin_stride", 1)  # torchvision's layer never pools fewer bins
-    if stride == 1:
-        return
-    pooler.bin_stride = 1
-    for conv in (heads.res5[0].shortcut, heads.res5[0].conv1):
-        conv.stride = (stride, stride)
+def layout(variant: tuple[str, bool]) -> str:
+    return "channels-last" if variant[1] else "NCHW"
 
 
 def render_scenes(n: int, size: int, seed: int = 0):
@@ -95,22 +77,20 @@ def render_scenes(n: int, size: int, seed: int = 0):
 
 
 def build_variants(size: int):
-    """{(roi_align, channels_last, read_bins_only): model} from one seeded start, and the detectron2 config."""
+    """{(roi_align, channels_last): model} from one seeded start, and the detectron2 config."""
     import torch
 
     from pipeline.extract.detector.build import build_model
 
     torch.manual_seed(0)
     models, state = {}, None
-    for impl, channels_last, read_bins_only in VARIANTS:
+    for impl, channels_last in VARIANTS:
         overrides = ("MODEL.UNITER.ROI_ALIGN", impl, "MODEL.UNITER.CHANNELS_LAST", channels_last)
         model, cfg = build_model("mini", num_classes=NUM_CLASSES, image_size=size, overrides=overrides)
-        if not read_bins_only:
-            pool_every_bin(model)
         if state is None:  # the first variant's seeded start is every variant's
             state = copy.deepcopy(model.state_dict())
         model.load_state_dict(state)
-        models[(impl, channels_last, read_bins_only)] = model
+        models[(impl, channels_last)] = model
     return models, cfg
 
 
@@ -162,7 +142,7 @@ def main() -> None:
     scenes, images = render_scenes(args.images, args.size)
     models, cfg = build_variants(args.size)
     for key, model in models.items():
-        print(f"{key[0]:>11} / {layout(key):25s} first losses {first_losses(model, cfg, scenes, images)}")
+        print(f"{key[0]:>11} / {layout(key):13s} first losses {first_losses(model, cfg, scenes, images)}")
     times: dict[tuple, list[float]] = {key: [] for key in VARIANTS}
     for rnd in range(args.rounds + 1):
         order = VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]
@@ -173,11 +153,11 @@ def main() -> None:
         if rnd > 0:
             print(f"round {rnd}: " + ", ".join(f"{k[0]}/{layout(k)} {times[k][-1] * 1e3:.0f} ms" for k in VARIANTS))
     base = VARIANTS[0]
-    print(f"{'ROIAlign':>11}   {'layout':25s}  {'s/iter':>7}  {'vs old':>6}  {'paired':>6}")
+    print(f"{'ROIAlign':>11}   {'layout':13s}  {'s/iter':>7}  {'vs old':>6}  {'paired':>6}")
     for key in VARIANTS:
         med = statistics.median(times[key])
         paired = statistics.median(t / b for t, b in zip(times[key], times[base]))
-        print(f"{key[0]:>11}   {layout(key):25s}  {med:7.3f}  "
+        print(f"{key[0]:>11}   {layout(key):13s}  {med:7.3f}  "
               f"{med / statistics.median(times[base]):6.3f}  {paired:6.3f}")
 
 

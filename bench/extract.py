@@ -96,13 +96,12 @@ def time_config(preset: str, device: str, height: int, width: int, n: int, batch
     """images/s of one configuration after one warm-up batch, and its peak memory (MB)."""
     import torch
 
-    from pipeline.extract.detector.extractor import RegionExtractor
+    from pipeline.extract.detector.extractor import RegionExtractor, autocast_dtype
 
     if device == "cpu":
         torch.set_num_threads(threads)
     detector, weights = make_detector(preset, device, min(height, width))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
-    extractor = RegionExtractor(detector, batch_size=batch, amp=dtype)
+    extractor = RegionExtractor(detector, batch_size=batch, amp=autocast_dtype(amp))
     images = render_images(n + batch, height, width)
     extractor.extract(images[:batch])  # warm-up (allocator, kernels)
     if device == "cuda":

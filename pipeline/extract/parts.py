@@ -33,8 +33,8 @@ from pathlib import Path
 
 from pipeline.common.ownership import claim_dir, remove_owned
 from pipeline.common.runinfo import DONE_SUFFIX, RUN_FILE, RunRecord, atomic_write_json
-from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, RunSummary, ShardJob, finished,
-                                              plan_shards, remove_stale_files, run_shards, settings_record)
+from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, RunSummary, ShardJob, effective_amp,
+                                              finished, plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
 from pipeline.extract.extract import detector_meta, feature_dir, make_settings, select, write_outputs
 from pipeline.params.parser import Params
@@ -169,7 +169,8 @@ def merge_settings(params: Params, name: str, infos: dict[int, dict]) -> tuple[E
             recorded = {"settings": run["settings"], "meta": json.loads(meta_path.read_text(encoding="utf-8"))}
     if recorded is None:
         return expected, None
-    settings = dataclasses.replace(expected, device=recorded["settings"]["device"])
+    device = recorded["settings"]["device"]  # the parts' device decides the dtype that applies there too
+    settings = dataclasses.replace(expected, device=device, amp=effective_amp(params.extract.amp, device))
     for k, info in sorted(infos.items()):
         if info["settings_digest"] != settings.digest() or info["meta"] != recorded["meta"]:
             now = settings_record(settings)

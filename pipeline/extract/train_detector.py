@@ -36,9 +36,8 @@ import torch
 from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.extract.detector.files import METRICS_FILE, WEIGHTS_FILE, detector_dir
-from pipeline.extract.detector.runner import effective_amp
 from pipeline.extract.detector.build import Detector, build_model
-from pipeline.extract.detector.extractor import RegionExtractor, Regions, autocast_dtype
+from pipeline.extract.detector.extractor import RegionExtractor, Regions
 from pipeline.ingest.image_io import ImageRejected, decode_image
 from pipeline.params.parser import Params, to_dict
 
@@ -217,12 +216,10 @@ def score_regions(scenes: list[SceneImage], regions: list[Regions], shapes: list
 
 
 def evaluate(detector: Detector, scenes: list[SceneImage], images: list[np.ndarray], *, shapes: list[str],
-             conf_th: float, min_boxes: int, max_boxes: int, batch_size: int = 8,
-             amp: torch.dtype | None = None) -> dict:
-    """Held-out quality of ``detector`` with the extraction keep rule and autocast dtype (``amp``):
-    see :func:`score_regions`."""
+             conf_th: float, min_boxes: int, max_boxes: int, batch_size: int = 8) -> dict:
+    """Held-out quality of ``detector`` with the extraction keep rule: see :func:`score_regions`."""
     extractor = RegionExtractor(detector, conf_th=conf_th, min_boxes=min_boxes, max_boxes=max_boxes,
-                                batch_size=batch_size, amp=amp)
+                                batch_size=batch_size)
     return score_regions(scenes, extractor.extract(images), shapes)
 
 
@@ -262,8 +259,7 @@ def run(params: Params) -> dict:
                         weights=None)
     ex = params.extract
     quality = evaluate(detector, held_set, held_images, shapes=shapes, conf_th=ex.conf_th, min_boxes=ex.min_boxes,
-                       max_boxes=ex.max_boxes, batch_size=ex.batch_size,
-                       amp=autocast_dtype(effective_amp(ex.amp, "cpu")))  # as extraction runs on this CPU
+                       max_boxes=ex.max_boxes, batch_size=ex.batch_size)
     # metrics.json is a stage output, so it holds no wall-clock numbers (two runs must give the
     # same bytes); the timings go to _run.json
     wall_clock = ("train_seconds", "seconds_per_iter")

@@ -30,7 +30,7 @@ class ExtractConfig:
     # a file of `detector`'s weights; null: the mini detector train_detector writes (butd_r101 needs one)
     weights: Path | None = must_exist(None)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA; on a CPU bf16 only, where native
+    amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (a CPU extracts in fp32)
     workers: int = bounded(0, 0, 256)  # detector processes; 0: one per CPU core (CPU) or per GPU (CUDA)
     # tasks one source's shards are split over (`extract SOURCE:k/K`); > 1: `extract SOURCE` merges them
     parts: int = bounded(1, 1, 4096)

@@ -79,9 +79,12 @@ class RegionExtractor:
     def __init__(self, detector: Detector, *, conf_th: float = 0.2, min_boxes: int = 10, max_boxes: int = 100,
                  batch_size: int = 8, amp: torch.dtype | None = None, test_size: tuple[int, int] | None = None):
         self.detector = detector
-        # a copy with the batch norms folded into the convolutions: the detector itself may train on
+        # an inference copy (the detector itself may train on): batch norms folded into the
+        # convolutions, and the ROI heads pooling only the bins their res5 head reads
         self.model = copy.deepcopy(detector.model).eval()
         fold_batch_norms(self.model)
+        if hasattr(self.model.roi_heads, "pool_only_read_bins"):
+            self.model.roi_heads.pool_only_read_bins()
         self.settings = inference_settings(detector.cfg)
         if test_size is not None:
             self.settings = dataclasses.replace(self.settings, min_size=test_size[0], max_size=test_size[1])

@@ -210,14 +210,9 @@ def same_features(a, b) -> bool:
     return {k: v for k, v in files_a.items() if k not in drop} == {k: v for k, v in files_b.items() if k not in drop}
 
 
-def test_amp_applies_on_a_cpu_as_bf16_only_where_it_is_native(monkeypatch):
-    import pipeline.common.hardware as hardware
+def test_amp_applies_on_cuda_and_a_cpu_extracts_in_fp32():
     from pipeline.extract.detector.runner import effective_amp
 
-    for native in (True, False):
-        monkeypatch.setattr(hardware, "cpu_has_bf16", lambda native=native: native)
-        assert effective_amp("bf16", "cpu") == ("bf16" if native else None)
-        assert effective_amp("fp16", "cpu") is None  # no fp16 autocast on a CPU
-        assert effective_amp("none", "cpu") is None
-        assert effective_amp("fp16", "cuda") == "fp16" and effective_amp("bf16", "cuda") == "bf16"
-        assert effective_amp("none", "cuda") is None
+    assert effective_amp("bf16", "cuda") == "bf16" and effective_amp("fp16", "cuda") == "fp16"
+    assert effective_amp("none", "cuda") is None
+    assert all(effective_amp(amp, "cpu") is None for amp in ("bf16", "fp16", "none"))

@@ -94,6 +94,8 @@ def test_the_extractor_runs_a_folded_copy_and_leaves_the_detector_as_it_was(mini
     assert extractor.model is not mini_detector.model
     assert mini_detector.model.roi_heads.res5[0].conv1.norm is not None
     assert extractor.model.roi_heads.res5[0].conv1.norm is None
+    assert extractor.model.roi_heads.pooler.level_poolers[0].bin_stride == 2
+    assert mini_detector.model.roi_heads.pooler.level_poolers[0].bin_stride == 1
     boxes = [np.array([o["box"] for o in objs], dtype=np.float32) for objs in objects]
     folded = extractor.extract(images, boxes)
     model = mini_detector.model.eval()

@@ -100,6 +100,8 @@ def test_the_mini_head_pools_only_the_bins_its_first_block_reads():
     mini, _ = build_model("mini", num_classes=5, image_size=64)
     heads = mini.roi_heads.eval()
     block = heads.res5[0]
+    assert heads.pooler.level_poolers[0].bin_stride == 1 and block.conv1.stride == (2, 2)  # as built: training's
+    assert heads.pool_only_read_bins() == 2
     assert heads.pooler.level_poolers[0].bin_stride == 2
     assert block.conv1.stride == (1, 1) and block.shortcut.stride == (1, 1)
     gen = torch.Generator().manual_seed(1)
