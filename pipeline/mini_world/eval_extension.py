@@ -1,7 +1,8 @@
 """Eval items added after the whole world is written: ``mini_world.n_vqa_test_extra`` COCO test2015
 images with their VQA questions, ``n_refcoco_test_extra`` COCO train2014 images with RefCOCO+
 testA / testB refs (after ``n_refcoco_val_extra`` COCO train2014 images with RefCOCO+ val refs),
-``n_vcr_test_extra`` VCR images and ``n_nlvr2_test_extra_pairs`` NLVR2 pairs.
+``n_vcr_test_extra`` VCR images, ``n_nlvr2_test_extra_pairs`` NLVR2 pairs and
+``n_snli_ve_test_extra`` Flickr30k photos with SNLI-VE test premises and hypotheses.
 
 The world's split plans give each task's test split ~15% of its images, too few for a gain's
 95% interval to resolve 2 points (docs/experiments.md, the protocol of 2026-12-04: test splits are
@@ -29,6 +30,7 @@ import pickle
 import numpy as np
 
 from pipeline.mini_world.coco import TEST2015_INFO, add_coco_entries, write_test2015_image
+from pipeline.mini_world.flickr30k import SNLI_VE_TEST, snli_ve_rows
 from pipeline.mini_world.refcoco import INSTANCES, REFS, has_refs, write_image_refs
 from pipeline.mini_world.text import coco_captions
 from pipeline.mini_world.urlforms import flickr_url
@@ -57,6 +59,8 @@ def write_eval_extension(world: World) -> None:
         _extend_vcr(world, world.cfg.n_vcr_test_extra)
     if world.cfg.n_nlvr2_test_extra_pairs:
         _extend_nlvr2(world, world.cfg.n_nlvr2_test_extra_pairs)
+    if world.cfg.n_snli_ve_test_extra:
+        _extend_snli_ve(world, world.cfg.n_snli_ve_test_extra)
 
 
 def _extend_vqa(world: World, n_images: int) -> None:
@@ -166,3 +170,21 @@ def _extend_nlvr2(world: World, n_pairs: int) -> None:
     world.append_lines("nlvr2/test1.json", lines)
     world.counts["nlvr2_test1_statements"] += len(lines)
     world.counts["nlvr2_test_extra_pairs"] = n_pairs
+
+
+def _extend_snli_ve(world: World, n_images: int) -> None:
+    """Flickr30k photos with SNLI-VE test premises and hypotheses only. They stay out of the Karpathy
+    file, so retrieval's test gallery keeps its size (docs/design.md §12: one gallery, whose size
+    sets the task's difficulty) and its training split stays as it was; SNLI-VE reads a photo from
+    the Flickr30k image folder by its id alone (its own split of Flickr30k, as the real one's)."""
+    rng = world.rng("snli_ve_test_extra")
+    lines: list[bytes] = []
+    for _ in range(n_images):
+        photo = world.photos.new(rng)
+        pid = str(photo.photo_id)
+        rec = world.new_image(rng, "flickr30k", pid, f"flickr30k/flickr30k-images/{pid}.jpg")
+        lines += snli_ve_rows(rng, pid, rec.scene, coco_captions(rng, rec.scene, world.cfg.captions_per_image))
+        world.use(rec.key, "snli_ve", "test")
+    world.append_lines(SNLI_VE_TEST, lines)
+    world.counts["snli_ve_test"] += len(lines)
+    world.counts["snli_ve_test_extra_images"] = n_images

@@ -12,6 +12,7 @@ SNLI_SPLIT = {"train": "train", "val": "dev", "test": "test"}
 # Real SNLI-VE pairs each image with several premise captions. Three here put 270 hypotheses in test
 # (one premise gave 90, 1.1 points each: the demo test's pretraining margin is 2).
 PREMISES_PER_IMAGE = 3
+SNLI_VE_TEST = "snli_ve/snli_ve_test.jsonl"
 
 
 def write_flickr30k(world: World) -> None:
@@ -59,14 +60,7 @@ def write_snli_ve(world: World) -> None:
             continue
         pid = key.split("/")[1]
         split = SNLI_SPLIT[info["split"][pid]]
-        scene = world.images[key].scene
-        captions = info["captions"][pid]
-        for cap_idx in sorted(rng.choice(len(captions), size=min(PREMISES_PER_IMAGE, len(captions)), replace=False)):
-            for label in ("entailment", "neutral", "contradiction"):
-                rows[split].append(_line({
-                    "Flikr30kID": f"{pid}.jpg", "annotator_labels": [label], "captionID": f"{pid}.jpg#{cap_idx}",
-                    "gold_label": label, "pairID": f"{pid}.jpg#{cap_idx}r1{label[0]}", "sentence1": captions[cap_idx],
-                    "sentence2": snli_hypothesis(rng, scene, label)}))
+        rows[split] += snli_ve_rows(rng, pid, world.images[key].scene, info["captions"][pid])
         world.use(key, "snli_ve", split)
     some = json.loads(rows["train"][0])
     bad_label = _line(some | {"gold_label": "-", "pairID": some["pairID"] + "x"})
@@ -80,9 +74,22 @@ def write_snli_ve(world: World) -> None:
             world.defect("snli_ve", "snli_ve/snli_ve_train.jsonl", lineno, "line", reason, detail)
     world.write_lines("snli_ve/snli_ve_train.jsonl", [r for r, _, _ in train])
     world.write_lines("snli_ve/snli_ve_dev.jsonl", rows["dev"])
-    world.write_lines("snli_ve/snli_ve_test.jsonl", rows["test"])
+    world.write_lines(SNLI_VE_TEST, rows["test"])
     for split, lines in rows.items():
         world.counts[f"snli_ve_{split}"] = len(lines)
+
+
+def snli_ve_rows(rng, pid: str, scene, captions: list[str]) -> list[bytes]:
+    """SNLI-VE jsonl lines of Flickr30k photo ``pid``: ``PREMISES_PER_IMAGE`` of its ``captions`` as
+    premises, each with an entailed, a neutral and a contradicted hypothesis about ``scene``."""
+    lines = []
+    for cap_idx in sorted(rng.choice(len(captions), size=min(PREMISES_PER_IMAGE, len(captions)), replace=False)):
+        for label in ("entailment", "neutral", "contradiction"):
+            lines.append(_line({
+                "Flikr30kID": f"{pid}.jpg", "annotator_labels": [label], "captionID": f"{pid}.jpg#{cap_idx}",
+                "gold_label": label, "pairID": f"{pid}.jpg#{cap_idx}r1{label[0]}", "sentence1": captions[cap_idx],
+                "sentence2": snli_hypothesis(rng, scene, label)}))
+    return lines
 
 
 def _line(obj: dict) -> bytes:

@@ -44,6 +44,8 @@ class MiniWorldConfig:
     n_refcoco_test_extra: int = bounded(482, 0, MAX_COUNT)  # COCO train2014 images, testA and testB alternately
     n_vcr_test_extra: int = bounded(710, 0, MAX_COUNT)
     n_nlvr2_test_extra_pairs: int = bounded(424, 0, MAX_COUNT)
+    # Flickr30k photos with SNLI-VE test items only (outside the Karpathy file: retrieval's gallery keeps its size)
+    n_snli_ve_test_extra: int = bounded(268, 0, MAX_COUNT)
     # COCO train2014 images with RefCOCO+ val refs, drawn before RefCOCO+'s extra test images: a dev
     # split large enough to size RefCOCO+'s test split from (docs/experiments.md, 2026-12-05 from 03:16)
     n_refcoco_val_extra: int = bounded(132, 0, MAX_COUNT)

@@ -12,7 +12,7 @@ from pipeline.params.world import MiniWorldConfig
 SMALL_SIZES = dict(n_coco=120, n_vg_only=20, n_flickr30k=50, n_cc=40, n_sbu=30, n_vcr=20, n_nlvr2_pairs=30,
                    n_vqa_test=8, n_refcoco_images=30, n_planted_each=6, vqa_questions_per_image=2,
                    n_vqa_test_extra=0, n_refcoco_test_extra=0, n_vcr_test_extra=0, n_nlvr2_test_extra_pairs=0,
-                   n_refcoco_val_extra=0)
+                   n_snli_ve_test_extra=0, n_refcoco_val_extra=0)
 
 
 def small_config(out_dir: Path | str, **overrides: Any) -> MiniWorldConfig:

@@ -342,7 +342,7 @@ def mini_chain(tmp_path_factory):
     root = tmp_path_factory.mktemp("mini_chain")
     world_dir = root / "raw"
     extras = dict(n_vqa_test_extra=2, n_refcoco_test_extra=2, n_vcr_test_extra=2, n_nlvr2_test_extra_pairs=2,
-                  n_refcoco_val_extra=2)
+                  n_snli_ve_test_extra=2, n_refcoco_val_extra=2)
     generate(small_config(world_dir, **extras), base.seed, world_dir, base.eval_splits(), progress=False)
     data = ingest_and_decontaminate(world_dir, root)
     planted = json.loads((world_dir / "planted.json").read_text())

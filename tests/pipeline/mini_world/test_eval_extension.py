@@ -1,4 +1,4 @@
-"""pipeline.mini_world.eval_extension: extra VQA, RefCOCO+, VCR and NLVR2 test items and RefCOCO+ val
+"""pipeline.mini_world.eval_extension: extra VQA, RefCOCO+, VCR, NLVR2 and SNLI-VE test items and RefCOCO+ val
 items move nothing written before them, and are eval items of their tasks (RefCOCO+'s: eval images that
 decontamination must remove)."""
 
@@ -15,6 +15,7 @@ from helpers.mini_world import ingest_and_decontaminate, small_config
 from pipeline.mini_world import generate
 from pipeline.mini_world.nlvr2 import STATEMENTS_PER_PAIR
 from pipeline.mini_world.coco import TEST2015_INFO
+from pipeline.mini_world.flickr30k import PREMISES_PER_IMAGE, SNLI_VE_TEST
 from pipeline.mini_world.refcoco import INSTANCES, REFS, TEST_A_SHAPES
 from pipeline.mini_world.eval_extension import COCO_TRAIN, KARPATHY
 from pipeline.mini_world.vcr import QUESTIONS_PER_IMAGE, TEST_LABELS
@@ -22,7 +23,7 @@ from pipeline.mini_world.vqa import annotations_file, questions_file
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
-LINE_FILES = ("vcr/test.jsonl", TEST_LABELS, "nlvr2/test1.json")  # grown at their end
+LINE_FILES = ("vcr/test.jsonl", TEST_LABELS, "nlvr2/test1.json", SNLI_VE_TEST)  # grown at their end
 # JSON files whose lists grow at their end
 JSON_FILES = (TEST2015_INFO, questions_file("test"), annotations_file("test"), *COCO_TRAIN.values(), KARPATHY,
               INSTANCES)
@@ -33,7 +34,8 @@ def worlds(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("extension")
     generate(small_config(root / "plain"), 1234, progress=False)
     generate(small_config(root / "grown", n_vqa_test_extra=5, n_refcoco_test_extra=4, n_vcr_test_extra=4,
-                          n_nlvr2_test_extra_pairs=3, n_refcoco_val_extra=3), 1234, progress=False)
+                          n_nlvr2_test_extra_pairs=3, n_snli_ve_test_extra=2, n_refcoco_val_extra=3), 1234,
+             progress=False)
     # the same val items without RefCOCO+'s test ones: re-sizing test (sized from dev) does not move dev
     generate(small_config(root / "val_only", n_vqa_test_extra=5, n_refcoco_val_extra=3), 1234, progress=False)
     return root / "plain", root / "grown", root / "val_only"
@@ -65,7 +67,8 @@ def test_every_file_written_before_the_extension_stays_byte_for_byte(worlds):
         assert {k: v for k, v in after.items() if k not in grown_lists} == \
             {k: v for k, v in before.items() if k not in grown_lists}
     assert all(n.startswith(("vcr/vcr1images/", "nlvr2/images/test1/", "coco/images/test2015/",
-                             "coco/images/train2014/")) for n in new)
+                             "coco/images/train2014/", "flickr30k/flickr30k-images/")) for n in new)
+    assert len([n for n in new if n.startswith("flickr30k/")]) == 2
     assert len([n for n in new if n.startswith("coco/images/test2015/")]) == 5
     assert len([n for n in new if n.startswith("coco/images/train2014/")]) == 4 + 3
     assert len([n for n in new if n.endswith(".jpg") and n.startswith("vcr/")]) == 4
@@ -98,6 +101,20 @@ def test_the_extra_items_are_test_items_with_labels_held_by_the_leaderboard(worl
         for side in (0, 1):
             key = f"nlvr2/{pair}-0-img{side}"
             assert key in scenes and (grown / scenes[key]["path"]).exists()
+
+
+def test_the_extra_snli_ve_photos_are_test_items_outside_retrievals_gallery(worlds):
+    plain, grown, _ = worlds
+    old, new = _jsonl(plain / SNLI_VE_TEST), _jsonl(grown / SNLI_VE_TEST)
+    added = new[len(old):]
+    photos = {r["Flikr30kID"] for r in added}
+    assert len(photos) == 2 and len(added) == 2 * PREMISES_PER_IMAGE * 3
+    assert not photos & {r["Flikr30kID"] for r in old}
+    assert len({r["pairID"] for r in new}) == len(new)
+    assert all(r["gold_label"] in ("entailment", "neutral", "contradiction") for r in added)
+    karpathy = json.loads((grown / "flickr30k/dataset_flickr30k.json").read_text())["images"]
+    assert not photos & {im["filename"] for im in karpathy}  # retrieval's gallery and training set stay
+    assert all((grown / "flickr30k/flickr30k-images" / p).exists() for p in photos)
 
 
 def test_the_extra_vqa_images_have_new_ids_and_answered_questions(worlds):
