@@ -71,8 +71,8 @@ class RegionExtractor:
     Args (keyword-only after ``detector``):
         conf_th, min_boxes, max_boxes: the keep rule of detected mode.
         batch_size: images per forward pass.
-        amp: autocast dtype of the forward (``torch.bfloat16``, or ``torch.float16`` on CUDA) or None
-            (fp32); the stage passes bf16 on a CPU only where it is native (``runner.effective_amp``).
+        amp: autocast dtype of the forward (``torch.bfloat16`` / ``torch.float16``) or None (fp32);
+            the extract stage passes None on a CPU (``runner.effective_amp``).
         test_size: (min_size, max_size) replacing the preset's test scale (tests, benchmarks).
     """
 

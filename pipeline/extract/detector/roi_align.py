@@ -127,8 +127,8 @@ class MatrixROIAlign(ROIAlign):
     own layer: without a backward, torchvision's forward over all bins is the faster of the two
     (extraction: 14.0 against 13.3 images/s on one thread, docs/throughput.md).
 
-    ``bin_stride`` > 1 (set by the ROI heads when the first res5 block reads the pooled grid only at
-    that stride): the output is ``[R, C, ceil(P / s), ceil(Q / s)]``, bins 0, s, 2s, ... of the
+    ``bin_stride`` > 1 (set for inference by ``UniterRes5ROIHeads.pool_only_read_bins`` when the first
+    res5 block reads the pooled grid only at that stride): the output is ``[R, C, ceil(P / s), ceil(Q / s)]``, bins 0, s, 2s, ... of the
     ``output_size`` grid.
     """
 
