@@ -16,7 +16,7 @@ export PYTHONHASHSEED := 0
 # dvc.yaml and the Airflow tasks run `python -m pipeline ...`: the venv's python must come first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup setup-download demo ablations seeds test test-full test-fast test-unit gpu-check gpu-carry airflow airflow-stop airflow-trigger clean-venv
+.PHONY: setup setup-download demo ablations seeds budgets test test-full test-fast test-unit gpu-check gpu-carry airflow airflow-stop airflow-trigger clean-venv
 
 setup: $(STAMP)
 
@@ -105,6 +105,13 @@ else
 	for s in $(SEEDS); do $(BIN)/dvc exp run -S finetune.seed=$$s --name ft-seed$$s; done
 	$(BIN)/python -m pipeline report spread --exps $(foreach s,$(SEEDS),ft-seed$(s)) --md data/reports/spread.md
 endif
+
+# One task's fine-tuning budget chosen on its dev split (pipeline/finetune/budget_sweep.py): the
+# pretrained start alone at each of STEPS, dev scored only, in side roots under data/budgets/<task>/.
+STEPS ?=
+budgets: $(STAMP)
+	@test -n "$(TASK)" -a -n "$(STEPS)" || { echo 'make budgets: set TASK=<task> and STEPS="N1 N2 ..."' >&2; exit 2; }
+	$(BIN)/python -m pipeline budgets $(TASK) --steps $(STEPS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -54,6 +54,8 @@ TOOLS: dict[str, Stage] = {
         Stage("db", "pipeline.stores.db_cli:main", "inspect stores: `db inspect PATH --key ID`, `db stats PATH`"),
         Stage("seeds", "pipeline.finetune.seed_sweep:main",
               "one task fine-tuned under other seeds beside the run: `seeds vcr --seeds 1 2 3`"),
+        Stage("budgets", "pipeline.finetune.budget_sweep:main",
+              "one task's fine-tuning budget chosen on its dev split: `budgets vcr --steps 150 300 600`"),
     )
 }
 

@@ -134,12 +134,15 @@ class TaskSetup:
     work_root: Path
 
 
-def open_task(params: Params, name: str) -> TaskSetup:
-    """Open ``name``'s DBs and read its pretrained start; check that the two fit together."""
+def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup:
+    """Open ``name``'s DBs and read its pretrained start; check that the two fit together.
+
+    ``dev_only``: the task scores its dev split(s) and never opens a test split (``pipeline budgets``)."""
     from pipeline.pretrain.model_io import read_exported
 
     cfg, data = params.finetune, Path(params.paths.data)
-    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name], seed=finetune_seed(params)))
+    task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name],
+                                         seed=finetune_seed(params), dev_only=dev_only))
     task.open()
     init_dir = data / "models" / output_name(task.init_stage, params.pretrain.out_name)
     meta, state = read_exported(init_dir)

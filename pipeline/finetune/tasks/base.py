@@ -9,7 +9,7 @@ The runner (``pipeline.finetune.runner``) does the rest the same way for all six
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -37,6 +37,9 @@ class TaskContext:
     cfg: FinetuneConfig
     task_cfg: TaskConfig
     seed: int
+    # True: the task scores its dev split(s) only and never opens a test split (``pipeline budgets``:
+    # a choice made on dev cannot see test, by construction)
+    dev_only: bool = False
 
     @property
     def txt_root(self) -> Path:
@@ -91,7 +94,8 @@ class FinetuneTask:
 
     @property
     def splits(self) -> TaskSplits:
-        return TASK_SPLITS[self.name]
+        splits = TASK_SPLITS[self.name]
+        return replace(splits, test=()) if self.ctx.dev_only else splits
 
     @property
     def dev_split(self) -> str:
@@ -103,6 +107,10 @@ class FinetuneTask:
         return pooled(self.splits.test)
 
     def test_labelled(self) -> bool:
+        """Whether a test split is scored: the task has one here (not ``dev_only``) and its labels are here."""
+        return bool(self.splits.test) and self.test_labels_here()
+
+    def test_labels_here(self) -> bool:
         """Whether the test labels are here. Real VQA and VCR test labels live on an evaluation server:
         without the mini world's stand-in file the test split is predicted, never scored."""
         return True

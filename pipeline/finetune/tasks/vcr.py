@@ -52,7 +52,7 @@ class VcrTask(FinetuneTask):
     def text_dbs(self) -> list[str]:
         return [f"{VIEW_DB[v]}_{s}" for s in ("train", *self.splits.scored) for v in self.streams]
 
-    def test_labelled(self) -> bool:
+    def test_labels_here(self) -> bool:
         return all(self.dataset(v, self.test_split).ids for v in self.streams)
 
     def scored_splits(self) -> list[str]:

@@ -120,7 +120,7 @@ class VqaTask(FinetuneTask):
         known = self._manifest_answers
         return [known[e] for e in sorted(self.db(f"vqa_{split}").ids) if e in known]
 
-    def test_labelled(self) -> bool:
+    def test_labels_here(self) -> bool:
         return bool(self.human_answers(self.test_split))
 
     def scored_splits(self) -> list[str]:

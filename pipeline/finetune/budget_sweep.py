@@ -1,0 +1,287 @@
+"""``python -m pipeline budgets TASK --steps ...``: a task's fine-tuning budget chosen on its dev split.
+
+Usage (after ``make demo``, from the repository root)::
+
+    python -m pipeline budgets vcr --steps 150 300 600     # or: make budgets TASK=vcr STEPS="150 300 600"
+
+Each point trains the pretrained start alone for N steps (warmup N // 10, every other key as the
+params say) in a side data root, ``<out>/steps<N>/``, that reads the run's stores and start model
+(the links of ``python -m pipeline seeds``), and scores it on the **dev split only**: the task is
+opened with ``dev_only``, so no test split is read, let alone scored. Points run side by side,
+one process and one thread each, as each start trains in the run (``--jobs``, default: one per
+core). The point at the run's own budget is read from the run (``data/models/<task>/``) unless
+``--no-reuse-run``.
+
+The rule (docs/experiments.md, 2026-12-02 from 06:24, and the same since): a point's score is the
+mean of the task's headline metrics on dev (retrieval: IR and TR R@1); its standard error
+``sqrt(sum_k p_k (1 - p_k) / n_k) / K`` over the K metrics (binomial on each metric's n dev
+items); the choice is the **cheapest point whose score is within one standard error of the best
+point's** (:func:`choose`). Writes ``<out>/budgets.json`` and ``<out>/budgets.md``; exit status 2
+for bad arguments or params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pipeline.common.runinfo import RUN_FILE
+from pipeline.finetune.paired import ITEMS_FILE
+from pipeline.finetune.seed_sweep import LoadParams, link_inputs
+from pipeline.params.parser import Params
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One budget's dev result: ``score`` and ``se`` in points, ``metrics`` {metric: score}, ``items``
+    {metric: dev items}, ``source``: "sweep" or "run" (the run's own fine-tuning)."""
+
+    steps: int
+    score: float
+    se: float
+    metrics: dict[str, float]
+    items: dict[str, int]
+    source: str
+
+
+def default_out(data: Path, task: str) -> Path:
+    """Where a sweep of ``task`` writes when ``--out`` is not given: ``<data>/budgets/<task>``."""
+    return data / "budgets" / task
+
+
+def warmup_of(steps: int) -> int:
+    """A tenth of the steps, as every budget of params.yaml."""
+    return steps // 10
+
+
+def dev_point(steps: int, dev: str, metrics: Sequence[str], items: Mapping[str, Mapping[str, list]],
+              source: str) -> Point:
+    """The rule's score and standard error from the dev item scores ({"split/metric": item_scores})."""
+    means, variances, counts = {}, [], {}
+    for metric in metrics:
+        scores = items[f"{dev}/{metric}"]["scores"]
+        if not scores:
+            raise ValueError(f"{dev}/{metric}: no dev items to score a budget on")
+        p = sum(scores) / len(scores)
+        means[metric], counts[metric] = round(100 * p, 4), len(scores)
+        variances.append(p * (1 - p) / len(scores))
+    score = sum(means.values()) / len(means)
+    se = 100 * math.sqrt(sum(variances)) / len(variances)
+    return Point(steps=steps, score=round(score, 4), se=round(se, 4), metrics=means, items=counts, source=source)
+
+
+def choose(points: Sequence[Point]) -> int:
+    """The steps of the cheapest point whose score is at least the best score minus the best point's SE.
+
+    Ties of the best score go to the cheaper point (its SE then sets the bar)."""
+    if not points:
+        raise ValueError("no budget points to choose from")
+    best = max(points, key=lambda p: (p.score, -p.steps))
+    return min(p.steps for p in points if p.score >= best.score - best.se)
+
+
+def point_overrides(task: str, steps: int, root: Path) -> list[str]:
+    """What one point changes in the params: its data root, its budget, no scratch start."""
+    key = f"finetune.per_task.{task}"
+    return [f"paths.data={root}", f"{key}.steps={steps}", f"{key}.warmup_steps={warmup_of(steps)}",
+            "finetune.compare_scratch=false"]
+
+
+def _init_point_worker() -> None:
+    """A pool process that trains points: one thread, malloc and logging as the stage's, a one-rank
+    group of its own, and an end without the interpreter's teardown."""
+    import torch
+
+    from pipeline.common.exiting import end_at_interpreter_exit
+    from pipeline.common.malloc import keep_freed_memory
+    from pipeline.common.progress import configure_logging
+    from pipeline.training.launch import LAUNCH_ENV
+
+    keep_freed_memory()  # malloc's settings are not inherited by a spawned child
+    configure_logging("[budgets]")
+    torch.set_num_threads(1)
+    for key in LAUNCH_ENV:
+        os.environ.pop(key, None)
+    end_at_interpreter_exit()
+
+
+def train_point(params: Params, task: str) -> dict[str, Any]:
+    """Pool job: train ``params``' pretrained start of ``task`` and score it on dev; its eval record."""
+    import torch
+
+    from pipeline.common.locking import stage_locks
+    from pipeline.finetune.finetune import finetune_seed, open_task, run_plan
+    from pipeline.finetune.runner import train_run
+    from pipeline.training.engine import resolve_precision
+    from pipeline.training.launch import process_group
+
+    device = torch.device("cpu")
+    precision = resolve_precision(params.finetune.precision, device)
+    with stage_locks(Path(params.paths.data), "finetune", task, wait=True):
+        setup = open_task(params, task, dev_only=True)
+        with process_group("cpu") as dist:
+            run = train_run(setup.task, run_plan(params, setup, "pretrained"), dist=dist, device=device,
+                            precision=precision, seed=finetune_seed(params))
+    return {"metrics": run.metrics, "items": run.items, "timings_s": run.timings_s}
+
+
+def run_point(params: Params, task: str) -> Point | None:
+    """The run's own point: its pretrained start's dev items, if ``<data>/models/<task>/`` was trained
+    under these params (its ``_run.json`` digest, which covers the budget) with the sweep's warmup
+    (:func:`warmup_of`); else None."""
+    from pipeline.finetune.finetune import task_digest
+
+    budget = params.finetune.per_task[task]
+    if budget.warmup_steps != warmup_of(budget.steps):
+        return None
+    model_dir = Path(params.paths.data) / "models" / task
+    run_file, items_file = model_dir / RUN_FILE, model_dir / ITEMS_FILE
+    if not (run_file.is_file() and items_file.is_file()):
+        return None
+    if json.loads(run_file.read_text()).get("params_digest") != task_digest(params, task):
+        return None
+    items = json.loads(items_file.read_text())["pretrained"]
+    return dev_point(budget.steps, dev_split(task), headline_metrics(task), items, "run")
+
+
+def dev_split(task: str) -> str:
+    from pipeline.finetune.tasks.base import pooled
+    from pipeline.params.finetune import TASK_SPLITS
+
+    return pooled(TASK_SPLITS[task].dev)
+
+
+def headline_metrics(task: str) -> list[str]:
+    from pipeline.finetune.tasks import task_class
+
+    return [metric for _, metric in task_class(task).headline]
+
+
+def sweep(load: LoadParams, base: Params, task: str, steps: Sequence[int], out: Path, *, jobs: int,
+          reuse_run: bool = True) -> list[Point]:
+    """Every point of ``steps`` (ascending), trained side by side ``jobs`` at a time, or the run's own."""
+    from pipeline.finetune.tasks import task_class
+    from pipeline.params.pretrain import output_name
+
+    data = Path(base.paths.data)
+    own = run_point(base, task) if reuse_run else None
+    points = {own.steps: own} if own is not None and own.steps in steps else {}
+    todo = [n for n in sorted(steps) if n not in points]
+    init_name = output_name(task_class(task).init_stage, base.pretrain.out_name)
+    for n in todo:
+        link_inputs(data, out / f"steps{n}", init_name)
+    if todo:
+        log.info("budgets: %s at %s steps, %d side by side (one thread each)%s", task, todo, min(jobs, len(todo)),
+                 f"; {own.steps} steps from the run" if points else "")
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), mp_context=_spawn(),
+                             initializer=_init_point_worker) as pool:
+        futures = {n: pool.submit(train_point, load(point_overrides(task, n, out / f"steps{n}")), task) for n in todo}
+        for n, future in futures.items():
+            points[n] = dev_point(n, dev_split(task), headline_metrics(task), future.result()["items"], "sweep")
+            log.info("budgets: %s %d steps: dev %.2f ± %.2f", task, n, points[n].score, points[n].se)
+    return [points[n] for n in sorted(points)]
+
+
+def _spawn():
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")  # fresh interpreters: no forked OpenMP pools or LMDB handles
+
+
+def budgets_markdown(task: str, points: Sequence[Point], chosen: int, current: int) -> str:
+    best = max(points, key=lambda p: (p.score, -p.steps))
+    lines = [f"# {task}: the fine-tuning budget on dev", "",
+             f"Pretrained start alone, dev split {dev_split(task)} only; score: the mean of "
+             f"{', '.join(headline_metrics(task))}; the cheapest point within one SE of the best is chosen.", "",
+             "| steps | dev score | SE | per metric | dev items | from |", "|---:|---:|---:|---|---|---|"]
+    for p in points:
+        per = ", ".join(f"{m} {v:.2f}" for m, v in p.metrics.items())
+        items = ", ".join(str(v) for v in p.items.values())
+        mark = " (chosen)" if p.steps == chosen else ""
+        lines.append(f"| {p.steps}{mark} | {p.score:.2f} | {p.se:.2f} | {per} | {items} | {p.source} |")
+    lines += ["", f"Best {best.steps} steps ({best.score:.2f}); the bar {best.score - best.se:.2f}; "
+                  f"chosen **{chosen}** (params.yaml: {current}).", ""]
+    return "\n".join(lines)
+
+
+def write_budgets(task: str, points: Sequence[Point], out: Path, current: int) -> int:
+    chosen = choose(points)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"task": task, "dev_split": dev_split(task), "chosen": chosen, "current": current,
+              "rule": "cheapest point with score >= best score - best SE", "points": [asdict(p) for p in points]}
+    (out / "budgets.json").write_text(json.dumps(record, indent=1))
+    (out / "budgets.md").write_text(budgets_markdown(task, points, chosen, current))
+    return chosen
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline budgets",
+                                description="Choose one task's fine-tuning budget on its dev split.")
+    p.add_argument("task", help="the task (one of finetune.tasks' names)")
+    p.add_argument("--steps", type=int, nargs="+", required=True, metavar="N", help="budgets to compare")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="points side by side (default: one a core)")
+    p.add_argument("--reuse-run", action=argparse.BooleanOptionalAction, default=True,
+                   help="take the point at params.yaml's budget from the run's own fine-tuning (default)")
+    p.add_argument("--out", type=Path, help="where the points' data roots and the table go (default: <data>/budgets/<task>)")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one params key for every point (repeatable)")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The reason the sweep cannot run with these arguments, or None."""
+    from pipeline.params.checks import MAX_STEPS
+    from pipeline.params.finetune import TASKS
+
+    if args.task not in TASKS:
+        return f"unknown task {args.task!r}; expected one of {list(TASKS)}"
+    if len(set(args.steps)) != len(args.steps) or len(args.steps) < 2:
+        return f"--steps needs at least 2 distinct budgets, got {args.steps}"
+    if not all(1 <= n <= MAX_STEPS for n in args.steps):
+        return f"--steps must lie in [1, {MAX_STEPS}], got {args.steps}"
+    if args.jobs < 1:
+        return f"--jobs must be >= 1, got {args.jobs}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.common.progress import configure_logging
+    from pipeline.params.parser import ParamsError, load_params
+
+    args = build_parser().parse_args(argv)
+    configure_logging()
+
+    def load(extra: list[str]) -> Params:
+        return load_params(args.params, [*args.overrides, *extra])
+
+    problem = check_args(args)
+    try:
+        params = load([])
+    except ParamsError as err:
+        problem = problem or str(err)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    out = args.out or default_out(Path(params.paths.data), args.task)
+    try:
+        points = sweep(load, params, args.task, args.steps, out, jobs=args.jobs, reuse_run=args.reuse_run)
+    except (FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    current = params.finetune.per_task[args.task].steps
+    chosen = write_budgets(args.task, points, out, current)
+    for p in points:
+        print(f"{args.task} {p.steps} steps: dev {p.score:.2f} ± {p.se:.2f} ({p.source})")
+    print(f"{args.task}: chosen {chosen} steps (params.yaml: {current}); written: {out / 'budgets.md'}")
+    return 0

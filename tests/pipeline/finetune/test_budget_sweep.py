@@ -1,0 +1,107 @@
+"""``python -m pipeline budgets``: the one-standard-error rule (unit), and points trained in side
+data roots that score dev only and agree with the real stage's dev scores (stage, small world)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from helpers.finetune_world import ROOT, budget, ft_params, world
+
+from pipeline.finetune.budget_sweep import Point, choose, dev_point, main, run_point, sweep, warmup_of, \
+    write_budgets
+
+
+def items(hits: int, n: int) -> dict:
+    return {"ids": [str(i) for i in range(n)], "groups": [str(i) for i in range(n)],
+            "scores": [1.0] * hits + [0.0] * (n - hits)}
+
+
+def point(steps: int, score: float, n: int) -> Point:
+    p = score / 100
+    return Point(steps=steps, score=score, se=100 * math.sqrt(p * (1 - p) / n), metrics={}, items={}, source="sweep")
+
+
+def test_dev_point_is_the_binomial_se_of_each_metric_and_their_mean():
+    one = dev_point(150, "val", ["q2ar"], {"val/q2ar": items(30, 120), "test/q2ar": items(1, 2)}, "sweep")
+    assert one.score == 25.0 and one.se == pytest.approx(100 * math.sqrt(0.25 * 0.75 / 120), abs=1e-4)
+    assert one.items == {"q2ar": 120}
+    # retrieval: the mean of IR and TR R@1, SE 1/2 sqrt(SE_IR^2 + SE_TR^2), each on its own n
+    two = dev_point(30, "val", ["ir_r1", "tr_r1"], {"val/ir_r1": items(22, 60), "val/tr_r1": items(14, 30)}, "run")
+    ir, tr = 22 / 60, 14 / 30
+    assert two.score == pytest.approx(50 * (ir + tr), abs=1e-4)
+    assert two.se == pytest.approx(50 * math.sqrt(ir * (1 - ir) / 60 + tr * (1 - tr) / 30), abs=1e-4)
+    assert two.metrics == {"ir_r1": round(100 * ir, 4), "tr_r1": round(100 * tr, 4)} and two.source == "run"
+    with pytest.raises(ValueError, match="val/q2ar: no dev items"):
+        dev_point(1, "val", ["q2ar"], {"val/q2ar": items(0, 0)}, "sweep")
+
+
+@pytest.mark.parametrize("scores, n, chosen", [
+    # the 2026-12-02 sweep (docs/experiments.md, session from 06:24): the rule's choices from its table
+    ({75: 67.40, 150: 71.78, 300: 71.99}, 366, 150),   # VQA: 75 falls under the bar 69.64
+    ({150: 25.44, 300: 28.07, 600: 30.70}, 114, 300),  # VCR Q→AR: the bar 26.38
+    ({75: 62.22, 150: 62.22, 300: 66.67}, 180, 300),   # NLVR2
+    ({30: 68.89, 60: 76.67, 120: 80.37}, 270, 120),    # SNLI-VE
+    ({60: 80.65, 120: 78.49, 240: 77.42}, 93, 60),     # RefCOCO+: the cheapest is the best
+])
+def test_choose_takes_the_cheapest_point_within_one_se_of_the_best(scores, n, chosen):
+    assert choose([point(s, v, n) for s, v in scores.items()]) == chosen
+
+
+def test_choose_breaks_a_tie_of_the_best_toward_the_cheaper_point():
+    tied = [Point(300, 70.0, 0.5, {}, {}, "sweep"), Point(150, 70.0, 3.0, {}, {}, "sweep"),
+            Point(75, 67.5, 1.0, {}, {}, "sweep")]
+    assert choose(tied) == 75  # the best is the 150-step point, whose SE sets the bar at 67.0
+    with pytest.raises(ValueError, match="no budget points"):
+        choose([])
+
+
+def test_write_budgets_records_every_point_and_the_choice(tmp_path):
+    points = [point(60, 80.65, 93), point(120, 78.49, 93)]
+    assert write_budgets("refcoco_plus", points, tmp_path, current=60) == 60
+    saved = json.loads((tmp_path / "budgets.json").read_text())
+    assert saved["chosen"] == 60 and saved["dev_split"] == "val" and [p["steps"] for p in saved["points"]] == [60, 120]
+    assert "| 60 (chosen) | 80.65 |" in (tmp_path / "budgets.md").read_text()
+    assert warmup_of(75) == 7 and warmup_of(600) == 60
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nope", "--steps", "1", "2"], "unknown task 'nope'"),
+    (["vcr", "--steps", "150"], "at least 2 distinct budgets"),
+    (["vcr", "--steps", "0", "150"], "--steps must lie in"),
+    (["vcr", "--steps", "150", "300", "--jobs", "0"], "--jobs must be >= 1"),
+    (["vcr", "--steps", "150", "300", "--set", "finetune.no_such_key=1"], "no_such_key"),
+])
+def test_bad_arguments_exit_2_and_say_why(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.stage
+def test_points_score_dev_only_and_agree_with_the_stage_beside_the_run(tmp_path_factory):
+    """Two points of VCR trained side by side in their own processes: each scores the dev split and
+    nothing else, the run's own data root gets no output, and the 2-step point's dev items are the
+    ones the real stage gives its pretrained start at 2 steps; that run's point is then reused."""
+    from pipeline.finetune.finetune import run as finetune
+
+    data = world(tmp_path_factory)
+    two_steps = "finetune.per_task.vcr={steps: 2, lr: 0.001, batch_tokens: 600, warmup_steps: 0}"  # warmup_of(2)
+    load = lambda extra: ft_params(data, two_steps, *extra)  # noqa: E731
+    out = data / "budgets" / "vcr"
+    points = sweep(load, load([]), "vcr", [1, 2], out, jobs=2, reuse_run=False)
+    assert [(p.steps, p.source) for p in points] == [(1, "sweep"), (2, "sweep")]
+    assert not (data / "models" / "vcr").exists() and not (data / "metrics").exists()
+    result = json.loads((out / "steps2" / "checkpoints" / "finetune" / "vcr" / "pretrained" / "result"
+                         / "result.json").read_text())
+    assert set(result["metrics"]) == {"val"} and all(k.startswith("val/") for k in result["items"])
+    assert (out / "steps2" / "models" / "pretrain_vcr").is_symlink()
+    # the real stage at the same budget, in the run's own root: the same dev items; then it is the run's point
+    stage = finetune(load(["finetune.compare_scratch=false"]), "vcr")["vcr"]
+    assert stage["pretrained"]["val"] == result["metrics"]["val"] and "test" in stage["pretrained"]
+    own = run_point(load(["finetune.compare_scratch=false"]), "vcr")
+    assert own is not None and (own.steps, own.score, own.se) == (2, points[1].score, points[1].se)
+    assert run_point(load(["finetune.compare_scratch=false", "finetune.per_task.vcr.lr=0.002"]), "vcr") is None
+    assert run_point(load(["finetune.compare_scratch=false", budget("vcr", steps=2)]), "vcr") is None  # warmup 1
