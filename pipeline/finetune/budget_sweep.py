@@ -23,11 +23,11 @@ for bad arguments or params.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.common.runinfo import RUN_FILE
 from pipeline.finetune.paired import ITEMS_FILE
-from pipeline.finetune.seed_sweep import LoadParams, link_inputs
+from pipeline.finetune.seed_sweep import LoadParams, link_inputs, parse_sweep, run_beside, sweep_parser
 from pipeline.params.parser import Params
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,6 @@ def train_point(params: Params, task: str) -> dict[str, Any]:
     """Pool job: train ``params``' pretrained start of ``task`` and score it on dev; its eval record."""
     import torch
 
-    from pipeline.common.locking import stage_locks
     from pipeline.finetune.finetune import finetune_seed, open_task, run_plan
     from pipeline.finetune.runner import train_run
     from pipeline.training.engine import resolve_precision
@@ -127,11 +126,10 @@ def train_point(params: Params, task: str) -> dict[str, Any]:
 
     device = torch.device("cpu")
     precision = resolve_precision(params.finetune.precision, device)
-    with stage_locks(Path(params.paths.data), "finetune", task, wait=True):
-        setup = open_task(params, task, dev_only=True)
-        with process_group("cpu") as dist:
-            run = train_run(setup.task, run_plan(params, setup, "pretrained"), dist=dist, device=device,
-                            precision=precision, seed=finetune_seed(params))
+    setup = open_task(params, task, dev_only=True)
+    with process_group("cpu") as dist:
+        run = train_run(setup.task, run_plan(params, setup, "pretrained"), dist=dist, device=device,
+                        precision=precision, seed=finetune_seed(params))
     return {"metrics": run.metrics, "items": run.items, "timings_s": run.timings_s}
 
 
@@ -168,8 +166,10 @@ def headline_metrics(task: str) -> list[str]:
 
 
 def sweep(load: LoadParams, base: Params, task: str, steps: Sequence[int], out: Path, *, jobs: int,
-          reuse_run: bool = True) -> list[Point]:
-    """Every point of ``steps`` (ascending), trained side by side ``jobs`` at a time, or the run's own."""
+          reuse_run: bool = True, wait: bool | float = True) -> list[Point]:
+    """Every point of ``steps`` (ascending), trained side by side ``jobs`` at a time, or the run's own.
+    Holds the stage's locks on each point's root (``wait``: as ``UNITER_LOCK_WAIT``)."""
+    from pipeline.common.locking import stage_locks
     from pipeline.finetune.tasks import task_class
     from pipeline.params.pretrain import output_name
 
@@ -183,8 +183,11 @@ def sweep(load: LoadParams, base: Params, task: str, steps: Sequence[int], out: 
     if todo:
         log.info("budgets: %s at %s steps, %d side by side (one thread each)%s", task, todo, min(jobs, len(todo)),
                  f"; {own.steps} steps from the run" if points else "")
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), mp_context=_spawn(),
-                             initializer=_init_point_worker) as pool:
+    with contextlib.ExitStack() as held:
+        for n in todo:  # the stage's locks on each point's root, as `finetune` takes them on the run's
+            held.enter_context(stage_locks(out / f"steps{n}", "finetune", task, wait=wait))
+        pool = held.enter_context(ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)),
+                                                      mp_context=_spawn(), initializer=_init_point_worker))
         futures = {n: pool.submit(train_point, load(point_overrides(task, n, out / f"steps{n}")), task) for n in todo}
         for n, future in futures.items():
             points[n] = dev_point(n, dev_split(task), headline_metrics(task), future.result()["items"], "sweep")
@@ -225,27 +228,20 @@ def write_budgets(task: str, points: Sequence[Point], out: Path, current: int) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline budgets",
-                                description="Choose one task's fine-tuning budget on its dev split.")
-    p.add_argument("task", help="the task (one of finetune.tasks' names)")
+    p = sweep_parser("python -m pipeline budgets", "Choose one task's fine-tuning budget on its dev split.",
+                     out_help="where the points' data roots and the table go (default: <data>/budgets/<task>)",
+                     set_help="override one params key for every point (repeatable)")
     p.add_argument("--steps", type=int, nargs="+", required=True, metavar="N", help="budgets to compare")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="points side by side (default: one a core)")
     p.add_argument("--reuse-run", action=argparse.BooleanOptionalAction, default=True,
                    help="take the point at params.yaml's budget from the run's own fine-tuning (default)")
-    p.add_argument("--out", type=Path, help="where the points' data roots and the table go (default: <data>/budgets/<task>)")
-    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one params key for every point (repeatable)")
     return p
 
 
-def check_args(args: argparse.Namespace) -> str | None:
-    """The reason the sweep cannot run with these arguments, or None."""
+def check_args(args: argparse.Namespace, params: Params) -> str | None:
+    """The reason the sweep cannot run with these arguments (the task is known), or None."""
     from pipeline.params.checks import MAX_STEPS
-    from pipeline.params.finetune import TASKS
 
-    if args.task not in TASKS:
-        return f"unknown task {args.task!r}; expected one of {list(TASKS)}"
     if len(set(args.steps)) != len(args.steps) or len(args.steps) < 2:
         return f"--steps needs at least 2 distinct budgets, got {args.steps}"
     if not all(1 <= n <= MAX_STEPS for n in args.steps):
@@ -256,29 +252,15 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    from pipeline.common.progress import configure_logging
-    from pipeline.params.parser import ParamsError, load_params
-
-    args = build_parser().parse_args(argv)
-    configure_logging()
-
-    def load(extra: list[str]) -> Params:
-        return load_params(args.params, [*args.overrides, *extra])
-
-    problem = check_args(args)
-    try:
-        params = load([])
-    except ParamsError as err:
-        problem = problem or str(err)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    parsed = parse_sweep(build_parser(), argv, check_args)
+    if isinstance(parsed, int):
+        return parsed
+    args, load, params = parsed
     out = args.out or default_out(Path(params.paths.data), args.task)
-    try:
-        points = sweep(load, params, args.task, args.steps, out, jobs=args.jobs, reuse_run=args.reuse_run)
-    except (FileNotFoundError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    points = run_beside(lambda wait: sweep(load, params, args.task, args.steps, out, jobs=args.jobs,
+                                           reuse_run=args.reuse_run, wait=wait))
+    if isinstance(points, int):
+        return points
     current = params.finetune.per_task[args.task].steps
     chosen = write_budgets(args.task, points, out, current)
     for p in points:

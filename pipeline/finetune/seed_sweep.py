@@ -24,7 +24,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from pipeline.params.parser import Params
 from pipeline.report.seed_spread import COLUMNS, spread, spread_cell
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # the stores, and the manifests (VQA's human answers score its accuracy)
 SHARED_INPUTS = ("db", "manifests")
 LoadParams = Callable[[list[str]], Params]  # extra ``--set`` overrides -> parsed params
+T = TypeVar("T")
 
 
 def default_out(data: Path, task: str) -> Path:
@@ -131,24 +132,27 @@ def write_spread(task: str, records: Mapping[int, Mapping[str, Any]], out: Path)
     return rows
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline seeds",
-                                description="Fine-tune one task under several seeds beside the run; its gain's spread.")
+def sweep_parser(prog: str, description: str, *, out_help: str, set_help: str) -> argparse.ArgumentParser:
+    """The arguments every sweep beside the run takes: TASK, ``--out``, ``--params``, ``--set``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("task", help="the task (one of finetune.tasks' names)")
-    p.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="finetune.seed values")
-    p.add_argument("--out", type=Path, help="where the seeds' data roots and the spread go (default: <data>/seeds/<task>)")
+    p.add_argument("--out", type=Path, help=out_help)
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one params key for every seed (repeatable)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = sweep_parser("python -m pipeline seeds",
+                     "Fine-tune one task under several seeds beside the run; its gain's spread.",
+                     out_help="where the seeds' data roots and the spread go (default: <data>/seeds/<task>)",
+                     set_help="override one params key for every seed (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="finetune.seed values")
     return p
 
 
 def check_args(args: argparse.Namespace, params: Params) -> str | None:
-    """The reason the sweep cannot run with these arguments, or None."""
-    from pipeline.params.finetune import TASKS
-
-    if args.task not in TASKS:
-        return f"unknown task {args.task!r}; expected one of {list(TASKS)}"
+    """The reason the sweep cannot run with these arguments (the task is known), or None."""
     if not params.finetune.compare_scratch:
         return "finetune.compare_scratch is false: there is no non-pretrained start to measure a gain against"
     if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 2:
@@ -156,12 +160,16 @@ def check_args(args: argparse.Namespace, params: Params) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    from pipeline.common.locking import BUSY_EXIT, LockBusy, wait_from_env
+def parse_sweep(parser: argparse.ArgumentParser, argv: list[str],
+                check: Callable[[argparse.Namespace, Params], str | None]
+                ) -> tuple[argparse.Namespace, LoadParams, Params] | int:
+    """A sweep command's arguments, its params loader (``--params`` with ``--set``) and params; or exit
+    status 2, the reason printed, when the params, the task or ``check(args, params)`` have a problem."""
+    from pipeline.common.locking import wait_from_env
     from pipeline.common.progress import configure_logging
     from pipeline.params.parser import ParamsError, load_params
 
-    args = build_parser().parse_args(argv)
+    args = parser.parse_args(argv)
     configure_logging()
 
     def load(extra: list[str]) -> Params:
@@ -169,27 +177,45 @@ def main(argv: list[str]) -> int:
 
     try:
         params = load([])
-    except ParamsError as err:
+        wait_from_env()
+    except (ParamsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    problem = check_args(args, params)
+    from pipeline.params.finetune import TASKS
+
+    unknown = f"unknown task {args.task!r}; expected one of {list(TASKS)}" if args.task not in TASKS else None
+    problem = unknown or check(args, params)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    out = args.out or default_out(Path(params.paths.data), args.task)
+    return args, load, params
+
+
+def run_beside(work: Callable[[bool | float], T]) -> T | int:
+    """``work(wait)`` with ``UNITER_LOCK_WAIT``'s wait, or the exit status of its failure, the reason
+    printed: 3 (``BUSY_EXIT``) when a side root is being written by another run, 1 when the run's
+    inputs are missing or a side root's input is not a link to them."""
+    from pipeline.common.locking import BUSY_EXIT, LockBusy, wait_from_env
+
     try:
-        wait = wait_from_env()
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        records = sweep(load, params, args.task, args.seeds, out, wait=wait)
+        return work(wait_from_env())
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return BUSY_EXIT
     except (FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str]) -> int:
+    parsed = parse_sweep(build_parser(), argv, check_args)
+    if isinstance(parsed, int):
+        return parsed
+    args, load, params = parsed
+    out = args.out or default_out(Path(params.paths.data), args.task)
+    records = run_beside(lambda wait: sweep(load, params, args.task, args.seeds, out, wait=wait))
+    if isinstance(records, int):
+        return records
     for r in write_spread(args.task, records, out):
         g, each = r["gain"], ", ".join(f"{v['gain']:+.2f}" for v in r["per_seed"].values())
         print(f"{args.task} {r['label']}: gain {g['mean']:+.2f} ± {g['sd']:.2f} over seeds {list(records)} ({each})")

@@ -67,6 +67,25 @@ def test_write_budgets_records_every_point_and_the_choice(tmp_path):
     assert warmup_of(75) == 7 and warmup_of(600) == 60
 
 
+def test_a_point_root_another_sweep_is_writing_is_not_written(tmp_path, capsys, monkeypatch):
+    """The stage's locks on each point's root, taken before any point trains: with UNITER_LOCK_WAIT=0
+    the second sweep exits 3 and names the holder."""
+    from pipeline.common.locking import BUSY_EXIT, stage_lock
+
+    monkeypatch.chdir(ROOT)
+    data = tmp_path / "data"
+    for rel in ("db", "manifests", "models/pretrain_vcr"):
+        (data / rel).mkdir(parents=True)
+    out = tmp_path / "sweep"
+    (out / "steps2").mkdir(parents=True)
+    monkeypatch.setenv("UNITER_LOCK_WAIT", "0")
+    with stage_lock(out / "steps2", "finetune", shared=True), stage_lock(out / "steps2", "finetune@vcr"):
+        status = main(["vcr", "--steps", "1", "2", "--no-reuse-run", "--out", str(out), "--set", f"paths.data={data}"])
+    assert status == BUSY_EXIT
+    assert "finetune@vcr is being written by another run" in capsys.readouterr().err
+    assert not (out / "steps1" / "checkpoints").exists() and not (out / "budgets.json").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nope", "--steps", "1", "2"], "unknown task 'nope'"),
     (["vcr", "--steps", "150"], "at least 2 distinct budgets"),
