@@ -58,6 +58,29 @@ def test_choose_breaks_a_tie_of_the_best_toward_the_cheaper_point():
         choose([])
 
 
+@pytest.mark.parametrize("name", ["vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus"])
+def test_a_dev_only_task_knows_no_test_split(name, tmp_path):
+    """What every task's evaluation iterates (``splits.scored``) and the DBs it opens hold dev only; the
+    results' split is dev. The same task opened normally scores test too."""
+    from pipeline.finetune.tasks import task_class
+    from pipeline.finetune.tasks.base import TaskContext
+    from pipeline.params.finetune import TASK_SPLITS
+
+    params = ft_params(tmp_path)
+    cfg = params.finetune
+
+    def task(dev_only: bool):
+        return task_class(name)(TaskContext(name=name, data=tmp_path, cfg=cfg, task_cfg=cfg.per_task[name],
+                                            seed=params.seed, dev_only=dev_only))
+
+    dev, test = TASK_SPLITS[name].dev, TASK_SPLITS[name].test
+    only = task(True)
+    assert only.splits.scored == dev and not only.test_labelled() and only.reported_split == only.dev_split
+    assert not any(db.endswith(tuple(f"_{s}" for s in test)) for db in only.text_dbs())
+    assert task(False).splits.scored == (*dev, *test)
+    assert any(db.endswith(tuple(f"_{s}" for s in test)) for db in task(False).text_dbs())
+
+
 def test_write_budgets_records_every_point_and_the_choice(tmp_path):
     points = [point(60, 80.65, 93), point(120, 78.49, 93)]
     assert write_budgets("refcoco_plus", points, tmp_path, current=60) == 60
