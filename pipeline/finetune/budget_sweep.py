@@ -31,7 +31,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from pipeline.common.runinfo import RUN_FILE
 from pipeline.finetune.paired import ITEMS_FILE
@@ -98,39 +98,24 @@ def point_overrides(task: str, steps: int, root: Path) -> list[str]:
 
 
 def _init_point_worker() -> None:
-    """A pool process that trains points: one thread, malloc and logging as the stage's, a one-rank
-    group of its own, and an end without the interpreter's teardown."""
-    import torch
-
+    """A pool process that trains points: set up as the stage's training children, on one thread,
+    and ended without the interpreter's teardown."""
     from pipeline.common.exiting import end_at_interpreter_exit
-    from pipeline.common.malloc import keep_freed_memory
-    from pipeline.common.progress import configure_logging
-    from pipeline.training.launch import LAUNCH_ENV
+    from pipeline.finetune.finetune import start_cpu_child
 
-    keep_freed_memory()  # malloc's settings are not inherited by a spawned child
-    configure_logging("[budgets]")
-    torch.set_num_threads(1)
-    for key in LAUNCH_ENV:
-        os.environ.pop(key, None)
+    start_cpu_child("[budgets]", 1)
     end_at_interpreter_exit()
 
 
-def train_point(params: Params, task: str) -> dict[str, Any]:
-    """Pool job: train ``params``' pretrained start of ``task`` and score it on dev; its eval record."""
+def train_point(params: Params, task: str) -> dict[str, dict[str, list]]:
+    """Pool job: train ``params``' pretrained start of ``task``, scored on dev; its dev item scores."""
     import torch
 
-    from pipeline.finetune.finetune import finetune_seed, open_task, run_plan
-    from pipeline.finetune.runner import train_run
+    from pipeline.finetune.finetune import train_start_on_cpu
     from pipeline.training.engine import resolve_precision
-    from pipeline.training.launch import process_group
 
-    device = torch.device("cpu")
-    precision = resolve_precision(params.finetune.precision, device)
-    setup = open_task(params, task, dev_only=True)
-    with process_group("cpu") as dist:
-        run = train_run(setup.task, run_plan(params, setup, "pretrained"), dist=dist, device=device,
-                        precision=precision, seed=finetune_seed(params))
-    return {"metrics": run.metrics, "items": run.items, "timings_s": run.timings_s}
+    precision = resolve_precision(params.finetune.precision, torch.device("cpu"))
+    return train_start_on_cpu(params, task, "pretrained", precision=precision, dev_only=True).items
 
 
 def run_point(params: Params, task: str) -> Point | None:
@@ -186,11 +171,11 @@ def sweep(load: LoadParams, base: Params, task: str, steps: Sequence[int], out: 
     with contextlib.ExitStack() as held:
         for n in todo:  # the stage's locks on each point's root, as `finetune` takes them on the run's
             held.enter_context(stage_locks(out / f"steps{n}", "finetune", task, wait=wait))
-        pool = held.enter_context(ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)),
+        pool = held.enter_context(ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))),
                                                       mp_context=_spawn(), initializer=_init_point_worker))
         futures = {n: pool.submit(train_point, load(point_overrides(task, n, out / f"steps{n}")), task) for n in todo}
         for n, future in futures.items():
-            points[n] = dev_point(n, dev_split(task), headline_metrics(task), future.result()["items"], "sweep")
+            points[n] = dev_point(n, dev_split(task), headline_metrics(task), future.result(), "sweep")
             log.info("budgets: %s %d steps: dev %.2f ± %.2f", task, n, points[n].score, points[n].se)
     return [points[n] for n in sorted(points)]
 
@@ -252,13 +237,12 @@ def check_args(args: argparse.Namespace, params: Params) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    parsed = parse_sweep(build_parser(), argv, check_args)
-    if isinstance(parsed, int):
-        return parsed
-    args, load, params = parsed
-    out = args.out or default_out(Path(params.paths.data), args.task)
-    points = run_beside(lambda wait: sweep(load, params, args.task, args.steps, out, jobs=args.jobs,
-                                           reuse_run=args.reuse_run, wait=wait))
+    call = parse_sweep(build_parser(), argv, check_args, default_out)
+    if isinstance(call, int):
+        return call
+    args, params, out = call.args, call.params, call.out
+    points = run_beside(lambda: sweep(call.load, params, args.task, args.steps, out, jobs=args.jobs,
+                                      reuse_run=args.reuse_run, wait=call.wait))
     if isinstance(points, int):
         return points
     current = params.finetune.per_task[args.task].steps

@@ -233,20 +233,33 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
 
 def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
     """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
+    start_cpu_child(f"[{init}]", threads)
+    train_start_on_cpu(params, name, init, precision=precision)
+    exit_now(0)  # the result is on disk: skip finalizing torch & co., which the parent would wait for
+
+
+def start_cpu_child(tag: str, threads: int) -> None:
+    """Set up a spawned process that trains on the CPU: malloc's settings and the log format as the
+    stage process has them (a spawned child inherits neither), ``threads`` torch threads, and no
+    launcher variables, so that it is a one-rank group of its own."""
     from pipeline.common.malloc import keep_freed_memory
     from pipeline.training.launch import LAUNCH_ENV
 
-    keep_freed_memory()  # as the stage process did: malloc's settings are not inherited by a spawned child
-    configure_logging(f"[{init}]")
+    keep_freed_memory()
+    configure_logging(tag)
     torch.set_num_threads(threads)
-    for key in LAUNCH_ENV:  # inherited from the parent's one-rank group: this process is a group of its own
+    for key in LAUNCH_ENV:  # inherited from the parent's one-rank group
         os.environ.pop(key, None)
-    device = torch.device("cpu")
-    setup = open_task(params, name)
+
+
+def train_start_on_cpu(params: Params, name: str, init: str, *, precision: str,
+                       dev_only: bool = False) -> RunOutcome:
+    """Train (or read back) one start of one task on the CPU in a one-rank group of this process
+    (``dev_only``: scored on dev only, :func:`open_task`)."""
+    setup = open_task(params, name, dev_only=dev_only)
     with process_group("cpu") as dist:
-        train_run(setup.task, run_plan(params, setup, init), dist=dist, device=device, precision=precision,
-                  seed=finetune_seed(params))
-    exit_now(0)  # the result is on disk: skip finalizing torch & co., which the parent would wait for
+        return train_run(setup.task, run_plan(params, setup, init), dist=dist, device=torch.device("cpu"),
+                         precision=precision, seed=finetune_seed(params))
 
 
 def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: dict[str, float]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -160,13 +161,28 @@ def check_args(args: argparse.Namespace, params: Params) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class SweepCall:
+    """A sweep command's parsed call: its arguments, params loader (``--params`` with ``--set``) and
+    params, where it writes (``--out`` or its default below ``paths.data``) and how long it waits
+    for a side root's lock (``UNITER_LOCK_WAIT``)."""
+
+    args: argparse.Namespace
+    load: LoadParams
+    params: Params
+    out: Path
+    wait: bool | float
+
+
 def parse_sweep(parser: argparse.ArgumentParser, argv: list[str],
-                check: Callable[[argparse.Namespace, Params], str | None]
-                ) -> tuple[argparse.Namespace, LoadParams, Params] | int:
-    """A sweep command's arguments, its params loader (``--params`` with ``--set``) and params; or exit
-    status 2, the reason printed, when the params, the task or ``check(args, params)`` have a problem."""
+                check: Callable[[argparse.Namespace, Params], str | None],
+                out_of: Callable[[Path, str], Path]) -> SweepCall | int:
+    """The :class:`SweepCall` of ``argv`` (``out_of(data, task)``: the default ``--out``); or exit
+    status 2, the reason printed, when the params, the lock wait, the task or ``check(args, params)``
+    have a problem."""
     from pipeline.common.locking import wait_from_env
     from pipeline.common.progress import configure_logging
+    from pipeline.params.finetune import TASKS
     from pipeline.params.parser import ParamsError, load_params
 
     args = parser.parse_args(argv)
@@ -177,28 +193,27 @@ def parse_sweep(parser: argparse.ArgumentParser, argv: list[str],
 
     try:
         params = load([])
-        wait_from_env()
+        wait = wait_from_env()
     except (ParamsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from pipeline.params.finetune import TASKS
-
     unknown = f"unknown task {args.task!r}; expected one of {list(TASKS)}" if args.task not in TASKS else None
     problem = unknown or check(args, params)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    return args, load, params
+    return SweepCall(args=args, load=load, params=params, out=args.out or out_of(Path(params.paths.data), args.task),
+                     wait=wait)
 
 
-def run_beside(work: Callable[[bool | float], T]) -> T | int:
-    """``work(wait)`` with ``UNITER_LOCK_WAIT``'s wait, or the exit status of its failure, the reason
-    printed: 3 (``BUSY_EXIT``) when a side root is being written by another run, 1 when the run's
-    inputs are missing or a side root's input is not a link to them."""
-    from pipeline.common.locking import BUSY_EXIT, LockBusy, wait_from_env
+def run_beside(work: Callable[[], T]) -> T | int:
+    """``work()``, or the exit status of its failure, the reason printed: 3 (``BUSY_EXIT``) when a side
+    root is being written by another run, 1 when the run's inputs are missing or a side root's input
+    is not a link to them."""
+    from pipeline.common.locking import BUSY_EXIT, LockBusy
 
     try:
-        return work(wait_from_env())
+        return work()
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return BUSY_EXIT
@@ -208,12 +223,11 @@ def run_beside(work: Callable[[bool | float], T]) -> T | int:
 
 
 def main(argv: list[str]) -> int:
-    parsed = parse_sweep(build_parser(), argv, check_args)
-    if isinstance(parsed, int):
-        return parsed
-    args, load, params = parsed
-    out = args.out or default_out(Path(params.paths.data), args.task)
-    records = run_beside(lambda wait: sweep(load, params, args.task, args.seeds, out, wait=wait))
+    call = parse_sweep(build_parser(), argv, check_args, default_out)
+    if isinstance(call, int):
+        return call
+    args, out = call.args, call.out
+    records = run_beside(lambda: sweep(call.load, call.params, args.task, args.seeds, out, wait=call.wait))
     if isinstance(records, int):
         return records
     for r in write_spread(args.task, records, out):

@@ -83,9 +83,12 @@ def test_the_stage_entry_sets_it():
 CHILD_ENTRIES = {
     "finetune start": ("import contextlib, types\nimport pipeline.finetune.finetune as f\n"
                        "f.train_run = f.run_plan = f.finetune_seed = f.exit_now = lambda *a, **k: None\n"
-                       "f.open_task = lambda *a: types.SimpleNamespace(task=None)\n"
+                       "f.open_task = lambda *a, **k: types.SimpleNamespace(task=None)\n"
                        "f.process_group = lambda *a: contextlib.nullcontext()\n"
                        "f._train_start_child(None, 'vqa', 'scratch', 1, 'fp32')\nran = True"),
+    "budgets point": ("import pipeline.common.exiting as e\nimport pipeline.finetune.budget_sweep as b\n"
+                      "e.end_at_interpreter_exit = lambda *a, **k: None\n"
+                      "b._init_point_worker()\nran = True"),
     "extract worker": ("import pipeline.common.exiting as e\nimport pipeline.extract.detector.runner as r\n"
                        "r._init_worker = e.end_at_interpreter_exit = lambda *a, **k: None\n"
                        "r._init_spawned_worker(None)\nran = True"),
