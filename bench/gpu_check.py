@@ -14,9 +14,14 @@ setup, the warm-up and the FLOP count come on top):
    (``pipeline.training.engine.initialize``: DeepSpeed ZeRO-2, bf16) in a one-rank process group,
    on bench/pretrain.py's synthetic batches (mlm, mrfr, mrc_kl, itm+WRA cycled); tokens/s (text
    tokens + regions) and MFU = counted model FLOPs / time / ``--peak-tflops``.
-3. finetune: VQA (``UniterForVqa``, 3,129 answers, wrapped in the stage's ``FinetuneModule``) on
+3. overflow_ab: the A/B of ``pipeline.training.engine.skip_redundant_overflow_pass`` (DeepSpeed's
+   per-gradient inf/NaN pass dropped, the stage's default) against the same engine with that pass
+   kept, on 2. section's model and batches, in alternating rounds of one task cycle each (load
+   hits both alike); median step time of each, the ratio, and the largest loss difference between
+   the two on the same batches (the same steps, so ~0 up to the device's nondeterminism).
+4. finetune: VQA (``UniterForVqa``, 3,129 answers, wrapped in the stage's ``FinetuneModule``) on
    the same engine; optimizer steps/s and examples/s.
-4. numerics: one fixed tiny batch per pretraining task, the loss in fp32 on the CPU vs bf16 on the
+5. numerics: one fixed tiny batch per pretraining task, the loss in fp32 on the CPU vs bf16 on the
    device (the weights cast to bf16, as the DeepSpeed bf16 engine does), from the same weights;
    relative difference per task, pass when all are <= ``--tolerance``.
 
@@ -72,10 +77,10 @@ class Plan:
 
 FULL = Plan(detector="butd_r101", image_hw=(600, 1000), det_batch=8, preset="base", batch=128, txt_len=40,
             regions=100, img_dim=2048, classes=1601, answers=3129, min_steps=8, max_steps=200,
-            budget_s={"extraction": 60, "pretrain": 90, "finetune": 45})
+            budget_s={"extraction": 60, "pretrain": 90, "overflow_ab": 60, "finetune": 45})
 DRY = Plan(detector="mini", image_hw=(96, 128), det_batch=2, preset="tiny", batch=4, txt_len=12, regions=10,
            img_dim=64, classes=11, answers=16, min_steps=2, max_steps=4,
-           budget_s={"extraction": 1, "pretrain": 1, "finetune": 1})
+           budget_s={"extraction": 1, "pretrain": 1, "overflow_ab": 1, "finetune": 1})
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -240,6 +245,65 @@ def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: f
             "peak_memory_mb": peak_memory_mb(device)}
 
 
+def overflow_ab(plan: Plan, device, zero_stage: int, peak_tflops: float) -> dict:
+    """Section 3 -> step time of the stage's bf16 engine (DeepSpeed's per-gradient overflow pass
+    dropped) and of the same engine with the pass kept, in alternating rounds; their ratio.
+
+    Always bf16 (the pass exists only in DeepSpeed's bf16 ZeRO-1/2 optimizer), on the CPU too in a
+    dry run, where the figures only show that both arms run.
+    """
+    import statistics
+
+    import torch
+
+    from bench.pretrain import EngineLoop, flops_per_step
+    from model.config import UniterConfig
+    from model.pretraining import UniterForPretraining
+    from pipeline.training.engine import cast_batch
+
+    cfg = UniterConfig.from_preset(plan.preset, dropout=0.0)  # no dropout: both arms compute the same losses
+    torch.manual_seed(0)
+    model = UniterForPretraining(cfg, img_dim=plan.img_dim, num_classes=plan.classes, wra_weight=0.1)
+    g = torch.Generator().manual_seed(0)
+    cycle = len(PRETRAIN_CYCLE)
+    batches = [cast_batch(make_batch(PRETRAIN_CYCLE[i % cycle], plan, cfg.vocab_size, g), device, "bf16")
+               for i in range(2 * cycle)]
+    flops = flops_per_step(copy.deepcopy(model).to(device).to(torch.bfloat16), batches[:cycle], lambda b: b)
+    settings = engine_settings(device, "bf16", zero_stage, 10 * plan.max_steps)
+    arms = {"norm_only": EngineLoop(copy.deepcopy(model), settings, lambda b: b),
+            "deepspeed_pass": EngineLoop(copy.deepcopy(model), settings, lambda b: b)}
+    optimizers = {name: arm.engine.optimizer for name, arm in arms.items()}
+    dropped = "has_overflow" in vars(optimizers["norm_only"])  # the instance override of the stage's engine
+    vars(optimizers["deepspeed_pass"]).pop("has_overflow", None)  # DeepSpeed's own method again
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    losses: dict[str, list[float]] = {name: [] for name in arms}
+    start, rounds = time.perf_counter(), 0
+    # a warm-up cycle each (round 0, untimed), then rounds of one cycle each, the order alternating
+    # (AB, BA, ...), until the budget; at least 2 timed rounds
+    while rounds < 3 or (time.perf_counter() - start < plan.budget_s["overflow_ab"] and rounds < 2 * plan.max_steps):
+        order = list(arms) if rounds % 2 == 0 else list(arms)[::-1]
+        for name in order:
+            arm, done = arms[name], len(losses[name])
+            for i in range(done, done + cycle):
+                sync(device)
+                t = time.perf_counter()
+                losses[name].append(arm.step(batches[i % len(batches)]))
+                sync(device)
+                if rounds > 0:
+                    times[name].append(time.perf_counter() - t)
+        rounds += 1
+    med = {name: statistics.median(t) for name, t in times.items()}
+    checked = bool(getattr(optimizers["norm_only"], "check_grad_overflow", False))
+    out = {"precision": "bf16", "zero_stage": zero_stage, "check_grad_overflow": checked,
+           "pass_dropped_by_default": dropped, "steps_each": len(times["norm_only"]),
+           "gflop_per_step": flops / 1e9,
+           "max_loss_diff": max(abs(a - b) for a, b in zip(losses["norm_only"], losses["deepspeed_pass"]))}
+    for name in arms:
+        out[name] = {"step_s": med[name], "mfu": flops / med[name] / 1e12 / peak_tflops}
+    out["pass_over_norm_only"] = med["deepspeed_pass"] / med["norm_only"]
+    return out
+
+
 def vqa_batch(plan: Plan, vocab: int, g) -> dict:
     """A VQA training batch: the synthetic encoder inputs + soft ``targets`` [B, answers] (1-3 answers each)."""
     import torch
@@ -254,7 +318,7 @@ def vqa_batch(plan: Plan, vocab: int, g) -> dict:
 
 
 def finetune(plan: Plan, device, precision: str, zero_stage: int) -> dict:
-    """Section 3 -> optimizer steps/s (and examples/s) of VQA fine-tuning through the stage's engine."""
+    """Section 4 -> optimizer steps/s (and examples/s) of VQA fine-tuning through the stage's engine."""
     import torch
 
     from bench.pretrain import EngineLoop
@@ -300,7 +364,7 @@ def peaked_soft_labels(batch: dict, g) -> dict:
 
 
 def numerics(plan: Plan, device, tolerance: float) -> dict:
-    """Section 4 -> per pretraining task: fp32 CPU loss, bf16 device loss, relative difference; pass/fail."""
+    """Section 5 -> per pretraining task: fp32 CPU loss, bf16 device loss, relative difference; pass/fail."""
     import torch
 
     from model.config import UniterConfig
@@ -398,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     with process_group(device.type):
         run_section("pretrain", lambda: pretrain(plan, device, precision, args.zero_stage, args.peak_tflops,
                                                  args.profile), sections)
+        run_section("overflow_ab", lambda: overflow_ab(plan, device, args.zero_stage, args.peak_tflops), sections)
         run_section("finetune", lambda: finetune(plan, device, precision, args.zero_stage), sections)
     run_section("numerics", lambda: numerics(plan, device, args.tolerance), sections)
     report = {"dry": args.dry, **environment(device), "plan": asdict(plan), "sections": sections,

@@ -44,11 +44,20 @@ def test_dry_run_writes_every_figure(tmp_path: Path) -> None:
     assert report["dry"] is True
     assert all(report.get(k) not in (None, "") for k in ENVIRONMENT if k != "cuda"), report
     sections = report["sections"]
-    assert set(sections) == {*FIGURES, "numerics"}
+    assert set(sections) == {*FIGURES, "overflow_ab", "numerics"}
     for name, keys in FIGURES.items():
         assert "error" not in sections[name], sections[name]
         bad = {k: sections[name].get(k) for k in keys if not positive(sections[name].get(k))}
         assert not bad, f"{name}: not positive numbers: {bad}"
+
+    # the overflow A/B: the stage's engine drops DeepSpeed's per-gradient pass, the other arm keeps it,
+    # and both train identically (on the CPU to the bit: the same steps, the same losses)
+    ab = sections["overflow_ab"]
+    assert "error" not in ab, ab
+    assert ab["check_grad_overflow"] is True and ab["pass_dropped_by_default"] is True, ab
+    assert ab["steps_each"] >= 8 and ab["max_loss_diff"] == 0.0, ab
+    assert positive(ab["norm_only"]["step_s"]) and positive(ab["deepspeed_pass"]["step_s"]), ab
+    assert positive(ab["pass_over_norm_only"]), ab
 
     # numerics: fp32 vs bf16 (both on the CPU in a dry run) for every pretraining task, within tolerance
     num = sections["numerics"]
