@@ -203,26 +203,36 @@ def profile_steps(step, n: int, device, out: Path) -> str:
     return str(out)
 
 
-def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: float,
-             profile_dir: Path | None = None) -> dict:
-    """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine
-    (+ with ``profile_dir``, an operator table of one more task cycle: ``pretrain_profile.txt``)."""
+def pretraining_setup(plan: Plan, device, precision: str, *, dropout: float):
+    """The plan's preset of ``UniterForPretraining`` from seed 0, two distinct batches per task of
+    the cycle already on the device (the engine is timed, not host copies), and the model FLOPs of
+    one step (mean over the cycle) -> (model, batches, flops)."""
     import torch
 
-    from bench.pretrain import EngineLoop, flops_per_step
+    from bench.pretrain import flops_per_step
     from model.config import UniterConfig
     from model.pretraining import UniterForPretraining
     from pipeline.training.engine import cast_batch
 
-    cfg = UniterConfig.from_preset(plan.preset, dropout=0.1)
+    cfg = UniterConfig.from_preset(plan.preset, dropout=dropout)
     torch.manual_seed(0)
     model = UniterForPretraining(cfg, img_dim=plan.img_dim, num_classes=plan.classes, wra_weight=0.1)
     g = torch.Generator().manual_seed(0)
-    # two distinct batches per task, already on the device: the engine is timed, not host copies
-    batches = [cast_batch(make_batch(PRETRAIN_CYCLE[i % 4], plan, cfg.vocab_size, g), device, precision)
-               for i in range(2 * len(PRETRAIN_CYCLE))]
+    cycle = len(PRETRAIN_CYCLE)
+    batches = [cast_batch(make_batch(PRETRAIN_CYCLE[i % cycle], plan, cfg.vocab_size, g), device, precision)
+               for i in range(2 * cycle)]
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    flops = flops_per_step(copy.deepcopy(model).to(device).to(dtype), batches[: len(PRETRAIN_CYCLE)], lambda b: b)
+    flops = flops_per_step(copy.deepcopy(model).to(device).to(dtype), batches[:cycle], lambda b: b)
+    return model, batches, flops
+
+
+def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: float,
+             profile_dir: Path | None = None) -> dict:
+    """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine
+    (+ with ``profile_dir``, an operator table of one more task cycle: ``pretrain_profile.txt``)."""
+    from bench.pretrain import EngineLoop
+
+    model, batches, flops = pretraining_setup(plan, device, precision, dropout=0.1)
     loop = EngineLoop(model, engine_settings(device, precision, zero_stage, 10 * plan.max_steps), lambda b: b)
     for b in batches[: len(PRETRAIN_CYCLE)]:  # warm-up: one step of each task
         loop.step(b)
@@ -254,21 +264,11 @@ def overflow_ab(plan: Plan, device, zero_stage: int, peak_tflops: float) -> dict
     """
     import statistics
 
-    import torch
+    from bench.pretrain import EngineLoop
 
-    from bench.pretrain import EngineLoop, flops_per_step
-    from model.config import UniterConfig
-    from model.pretraining import UniterForPretraining
-    from pipeline.training.engine import cast_batch
-
-    cfg = UniterConfig.from_preset(plan.preset, dropout=0.0)  # no dropout: both arms compute the same losses
-    torch.manual_seed(0)
-    model = UniterForPretraining(cfg, img_dim=plan.img_dim, num_classes=plan.classes, wra_weight=0.1)
-    g = torch.Generator().manual_seed(0)
+    # no dropout: both arms compute the same losses on the same batches
+    model, batches, flops = pretraining_setup(plan, device, "bf16", dropout=0.0)
     cycle = len(PRETRAIN_CYCLE)
-    batches = [cast_batch(make_batch(PRETRAIN_CYCLE[i % cycle], plan, cfg.vocab_size, g), device, "bf16")
-               for i in range(2 * cycle)]
-    flops = flops_per_step(copy.deepcopy(model).to(device).to(torch.bfloat16), batches[:cycle], lambda b: b)
     settings = engine_settings(device, "bf16", zero_stage, 10 * plan.max_steps)
     arms = {"norm_only": EngineLoop(copy.deepcopy(model), settings, lambda b: b),
             "deepspeed_pass": EngineLoop(copy.deepcopy(model), settings, lambda b: b)}
