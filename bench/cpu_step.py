@@ -9,7 +9,8 @@ A step is what a pretraining step costs without the stage around it: forward of 
 native bf16, else fp32; ``--precision``), ``loss.backward()``, a fused torch AdamW step. Batches are
 bench/pretrain.py's synthetic ones at the mini world's shape (``--batch`` examples of <= ``--txt-len``
 words + <= ``--regions`` regions of the mini detector's 512-d features and 31 classes), the tasks of
-``--tasks`` cycled (default: params.yaml's pretraining mix 2:1:1:2 of mlm, mrfr, mrc_kl, itm).
+``--tasks`` cycled (default: params.yaml's ``pretrain.mix_ratio`` as a cycle, 2:1:1:2 of mlm, mrfr,
+mrc_kl, itm today).
 
 Per thread count: the median over ``--rounds`` rounds of the mean step time over one task cycle
 (after a warm-up cycle), the model FLOPs of a step (torch's FlopCounterMode, mean over the cycle:
@@ -27,6 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,9 +40,20 @@ from model.config import UniterConfig  # noqa: E402
 from model.pretraining import UniterForPretraining  # noqa: E402
 from pipeline.params.parser import load_params  # noqa: E402
 from pipeline.training.engine import autocast_forward, resolve_precision  # noqa: E402
+from pipeline.training.loop import batch_units  # noqa: E402
 
 MATRIX_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
-STAGE_CYCLE = "mlm,mrfr,mrc_kl,itm,mlm,itm"  # params.yaml pretrain.mix_ratio 2:1:1:2, as a cycle
+
+
+def mix_cycle(mix: Mapping[str, float]) -> str:
+    """A task cycle in the proportions of ``mix`` (weights rounded, a positive one to at least 1),
+    round-robin: {mlm: 2, mrfr: 1, mrc: 0, mrc_kl: 1, itm: 2} -> "mlm,mrfr,mrc_kl,itm,mlm,itm"."""
+    left = {task: max(1, round(w)) for task, w in mix.items() if w > 0}
+    cycle = []
+    while left:
+        cycle += list(left)
+        left = {task: n - 1 for task, n in left.items() if n > 1}
+    return ",".join(cycle)
 
 
 def build(args: argparse.Namespace, preset: str):
@@ -89,31 +102,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="examples per batch (32 x 34 ~ the stage's 1,024 units)")
     ap.add_argument("--txt-len", type=int, default=18)
     ap.add_argument("--regions", type=int, default=16)
-    ap.add_argument("--tasks", default=STAGE_CYCLE, help="one batch per task, cycled")
+    ap.add_argument("--tasks", default=None, help="one batch per task, cycled (default: params.yaml "
+                    "pretrain.mix_ratio as a cycle, mix_cycle)")
     ap.add_argument("--rounds", type=int, default=3, help="timed cycles per thread count, after a warm-up cycle")
     ap.add_argument("--profile", action="store_true", help="operator table of one cycle at the first thread count")
     ap.add_argument("--compile", action="store_true", help="torch.compile(dynamic=True) the encoder first")
     args = ap.parse_args(argv)
     if min(args.threads) < 1 or args.rounds < 1 or args.batch < 1:
         ap.error("--threads, --rounds and --batch must be >= 1")
-    preset = args.preset or load_params(ROOT / "params.yaml", [], check_paths=False).model.preset
+    params = load_params(ROOT / "params.yaml", [], check_paths=False)
+    preset = args.preset or params.model.preset
+    args.tasks = args.tasks or mix_cycle(params.pretrain.mix_ratio)
     args.precision = resolve_precision(args.precision, torch.device("cpu"))
     model, step, batches = build(args, preset)
     started = time.perf_counter()
     flops = flops_per_step(model, batches, lambda b: b)  # the first forwards: with --compile, the compiling
     first_pass = time.perf_counter() - started
-    units = statistics.mean(int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches)
+    units = statistics.mean(batch_units(b) for b in batches)
     print(f"preset {preset}, {args.precision}{', torch.compile' if args.compile else ''}, batch {args.batch} x "
           f"(<= {args.txt_len} words + <= {args.regions} regions; {units:.0f} real units), tasks {args.tasks}, "
           f"fused AdamW; {flops / 1e9:.1f} GFLOP a step; first pass (FLOP count) {first_pass:.1f} s")
     print(f"{'threads':>7} {'warm-up s':>9} {'step s':>8} {'GFLOP/s':>8} {'speed-up':>8}")
-    first = None
+    step_s = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         warm = cycle_s(step, batches) * len(batches)
-        t = statistics.median(cycle_s(step, batches) for _ in range(args.rounds))
-        first = first or t
-        print(f"{threads:>7} {warm:9.2f} {t:8.3f} {flops / t / 1e9:8.0f} {first / t:8.2f}")
+        step_s.append(statistics.median(cycle_s(step, batches) for _ in range(args.rounds)))
+        t = step_s[-1]
+        print(f"{threads:>7} {warm:9.2f} {t:8.3f} {flops / t / 1e9:8.0f} {step_s[0] / t:8.2f}")
     if args.profile:
         from torch.profiler import profile
 
@@ -121,10 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         with profile() as prof:
             cycle_s(step, batches)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-        share = matrix_share(prof)
-        wall = statistics.median(cycle_s(step, batches) for _ in range(args.rounds))
+        share = matrix_share(prof)  # of the first thread count's step, timed above without the profiler
         print(f"matrix products ({', '.join(MATRIX_OPS)}): {100 * share:.1f}% of the CPU time, so ~"
-              f"{flops / (share * wall) / 1e9:.0f} GFLOP/s inside them on {args.threads[0]} thread(s)")
+              f"{flops / (share * step_s[0]) / 1e9:.0f} GFLOP/s inside them on {args.threads[0]} thread(s)")
     return 0
 
 

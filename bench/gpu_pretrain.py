@@ -79,10 +79,6 @@ def make_batch(task: str, plan: Plan, vocab: int, g, *, batch: int | None = None
                            g=g)
 
 
-def units(batch: dict) -> int:
-    """Real (unpadded) input units of a batch: text tokens + regions."""
-    return int(batch["txt_mask"].sum() + batch["img_mask"].sum())
-
 
 def profile_steps(step, n: int, device, out: Path) -> str:
     """Run ``step(i)`` ``n`` times under torch.profiler; write its operator table to ``out`` -> the path.
@@ -133,6 +129,7 @@ def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: f
     """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine
     (+ with ``profile_dir``, an operator table of one more task cycle: ``pretrain_profile.txt``)."""
     from bench.pretrain import EngineLoop
+    from pipeline.training.loop import batch_units
 
     model, batches, flops = pretraining_setup(plan, device, precision, dropout=0.1)
     loop = EngineLoop(model, engine_settings(device, precision, zero_stage, 10 * plan.max_steps), lambda b: b)
@@ -143,7 +140,7 @@ def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: f
                      min_steps=plan.min_steps, max_steps=plan.max_steps, round_size=len(PRETRAIN_CYCLE))
     seconds = sum(times)
     # whole task cycles: the mean FLOPs per step over the cycle times the steps is the work done
-    tokens = sum(units(batches[i % len(batches)]) for i in range(len(times)))
+    tokens = sum(batch_units(batches[i % len(batches)]) for i in range(len(times)))
     tflops = flops * len(times) / seconds / 1e12
     profiled = None if profile_dir is None else profile_steps(
         lambda i: loop.step(batches[i % len(batches)]), len(PRETRAIN_CYCLE), device,
