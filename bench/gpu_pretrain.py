@@ -178,8 +178,9 @@ def overflow_ab(plan: Plan, device, zero_stage: int, peak_tflops: float) -> dict
     losses: dict[str, list[float]] = {name: [] for name in arms}
     start, rounds = time.perf_counter(), 0
     # a warm-up cycle each (round 0, untimed), then rounds of one cycle each, the order alternating
-    # (AB, BA, ...), until the budget; at least 2 timed rounds
-    while rounds < 3 or (time.perf_counter() - start < plan.budget_s["overflow_ab"] and rounds < 2 * plan.max_steps):
+    # (AB, BA, ...), until the budget or max_steps timed steps an arm; at least 2 timed rounds
+    while rounds < 3 or (time.perf_counter() - start < plan.budget_s["overflow_ab"]
+                         and len(times["norm_only"]) < plan.max_steps):
         order = list(arms) if rounds % 2 == 0 else list(arms)[::-1]
         for name in order:
             arm, done = arms[name], len(losses[name])
