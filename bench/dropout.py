@@ -55,6 +55,7 @@ from model.layers import set_dropout  # noqa: E402
 from model.pretraining import UniterForPretraining  # noqa: E402
 from pipeline.params.parser import load_params  # noqa: E402
 from pipeline.training.engine import autocast_forward, resolve_precision  # noqa: E402
+from pipeline.training.loop import batch_units  # noqa: E402
 
 TASKS = ("mlm", "mrfr", "mrc_kl", "itm")
 
@@ -195,7 +196,7 @@ def main() -> int:
         attention_table(args.steps * args.rounds)
         return 0
     net, batches, precision, preset = model_and_batches(args)
-    units = statistics.mean(int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches)
+    units = statistics.mean(batch_units(b) for b in batches)
 
     def run(name: str) -> list[float]:
         set_dropout(net, 0.0 if name == "none" else None)

@@ -76,6 +76,7 @@ from model.pretraining import UniterForPretraining
 from pipeline.training.engine import (EngineSettings, autocast_forward, cast_batch, initialize, param_groups,
                                       warmup_linear_decay)
 from pipeline.training.launch import process_group
+from pipeline.training.loop import batch_units
 
 
 def synthetic_batch(task: str, *, batch: int, txt_len: int, regions: int, vocab: int, img_dim: int, classes: int,
@@ -324,7 +325,7 @@ def stage_main(args: argparse.Namespace) -> int:
     from pipeline.training.checkpointing import Checkpointer
     from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
     from pipeline.training.engine import resolve_precision
-    from pipeline.training.loop import LoopSettings, batch_units, train
+    from pipeline.training.loop import LoopSettings, train
     from pipeline.training.metrics import MetricsLogger
     from pipeline.pretrain.model_io import build_model, spec_from_params
     from pipeline.training.task_mix import TaskSchedule
@@ -470,7 +471,7 @@ def synthetic_main(args: argparse.Namespace) -> int:
                                            classes=args.classes, g=g), device, precision)
                 for i in range(2 * len(tasks))]
     batches = [distinct[i % len(distinct)] for i in range(n_batches)]
-    units = [int(b["txt_mask"].sum() + b["img_mask"].sum()) for b in batches]
+    units = [batch_units(b) for b in batches]
 
     def prepare(b: dict) -> dict:
         return b
