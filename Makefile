@@ -86,7 +86,7 @@ gpu-check: $(STAMP)
 gpu-carry: $(STAMP)
 	DS_ACCELERATOR=cpu $(BIN)/python scripts/gpu_carry.py
 
-# Fine-tuning spread over seeds (docs/experiments.md): one `dvc exp run` per seed that changes only
+# Fine-tuning spread over seeds (docs/design.md §12): one `dvc exp run` per seed that changes only
 # finetune.seed (same data, same pretrained model: only the finetune@* stages rerun), then the table.
 # `dvc exp run` leaves its experiment applied (params.yaml's seed, data/, dvc.lock): afterwards, or
 # when a run fails, params.yaml and dvc.lock are put back as they were and data/ checked out to

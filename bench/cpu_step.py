@@ -17,8 +17,7 @@ Per thread count: the median over ``--rounds`` rounds of the mean step time over
 the first pass over the batches, whose time the header gives, with ``--compile`` the compiling)
 and their rate, and the speed-up over the first thread count. With ``--profile`` the operator
 table of one more cycle, and the matrix products' share of the CPU time (``aten::mm``, ``addmm``,
-``bmm``) with the FLOP rate inside them that share implies. docs/experiments.md (2026-12-06,
-session from 03:35) has a run on a family-25 EPYC.
+``bmm``) with the FLOP rate inside them that share implies. The latest figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ round each loop gets tokens/s = real input units (text tokens + regions, ``loop.
 seconds; the table shows the median over rounds and the ratio to (a). Target: (c)/(a) >= 0.85.
 The defaults (20 steps x 6 rounds, ~3 min with bf16 on 2 cores) are what it takes for the figure
 to settle: a bf16 CPU step is ~0.25 s, so 10 ms of machine noise moves a ratio by 0.04, and runs
-of 3 rounds read 0.78-0.86 where 6 rounds read 0.88 on the same idle machine (docs/throughput.md).
+of 3 rounds read 0.78-0.86 where 6 rounds read 0.88 on one idle machine.
 
 **Synthetic world** (default with ``--device cuda``): the plain PyTorch loop vs the DeepSpeed engine
 on synthetic token-bucket batches (docs/design.md §10 keys; ``--tasks`` cycled, one task per step; two

@@ -12,8 +12,7 @@ element. The mask is multiplied in as a 1/0 tensor of the input's dtype (:func:`
 a quarter of the cost of ``masked_fill``. :func:`attention` drops the attention probabilities with
 it: ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` would leave its fused CPU kernel for
 the unfused math path anyway, and that fused kernel's bf16 backward is slow. On other devices both
-fall back to torch's own (fused) kernels. Measured effect per step and on the demo:
-docs/throughput.md.
+fall back to torch's own (fused) kernels. Why and measured effect: docs/decisions.md#dropout-masks.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ class _KeepScale(torch.autograd.Function):
 
     Multiplying by an exact 1 or 0 gives the values that zeroing the dropped elements would (up to
     the sign of a zero, and NaN stays NaN, as in torch's own CPU dropout), with one vectorized pass
-    where ``masked_fill`` takes four times as long (docs/throughput.md)."""
+    where ``masked_fill`` takes four times as long (docs/decisions.md#dropout-masks)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -110,7 +109,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     On the CPU, with ``dropout_p > 0`` or a bf16 / fp16 backward to come, the probabilities are
     computed explicitly (softmax in at least fp32) and dropped with :func:`dropout`: SDPA would take
     its math path with a slower mask, or its fused kernel, whose bf16 backward is ~5x the explicit
-    one on short sequences (docs/throughput.md). Otherwise (inference, fp32 without dropout, GPUs)
+    one on short sequences (docs/decisions.md#dropout-masks). Otherwise (inference, fp32 without dropout, GPUs)
     SDPA itself.
     """
     low_precision_backward = q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled() and (

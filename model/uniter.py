@@ -88,7 +88,7 @@ class ImageEmbeddings(nn.Module):
     - ``center`` (this project's switch): minus 0.5 first. Non-negative inputs make the random
       projection of every box point nearly the same way (mean pairwise cosine 0.88 after
       ``pos_norm``), so at the start one large, seed-dependent vector is added to every region;
-      on the mini world whether ITM is learned at all depended on that draw (docs/experiments.md).
+      on the mini world whether ITM is learned at all depended on that draw (docs/decisions.md#box-branch-zero).
 
     ``config.region_box_start`` (applied by :meth:`init_box_branch`, after the BERT-style init):
 
@@ -96,7 +96,7 @@ class ImageEmbeddings(nn.Module):
     - ``zero`` (this project's switch): it starts at 0, so the box branch adds nothing at the start
       and grows from zero by gradient (the gain's gradient is nonzero; ``pos_proj``'s follows once
       the gain is). This removes the seed-dependent constant vector above instead of recentring
-      it; on the mini world ITM took off on 6 of 6 pretraining seeds with it (docs/experiments.md).
+      it; on the mini world ITM took off on 6 of 6 pretraining seeds with it (docs/decisions.md#box-branch-zero).
     """
 
     def __init__(self, config: UniterConfig, img_dim: int):

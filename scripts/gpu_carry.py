@@ -1,8 +1,8 @@
-"""Build ``.gpu_carry/site``: the packages `make gpu-check` needs that a borrowed GPU machine lacks.
+"""Build ``.gpu_carry/site``: the packages `make gpu-check` needs that a GPU host without the venv lacks.
 
     .venv/bin/python scripts/gpu_carry.py            # -> .gpu_carry/site (+ .gpu_carry/manifest.json)
 
-The lent GPU machines (docs/gpu.md, "How the 2026-12-04 run was made") hold their own Python 3.12 with a CUDA
+GPU hosts without the venv (docs/gpu.md) hold their own Python 3.12 with a CUDA
 build of torch, numpy and a few hundred common packages, cannot reach a package index, and take
 the working tree plus named extra folders. This script finds what the check imports and the
 machine lacks, by running the check's own code paths here: ``bench/gpu_check.py --dry`` and one
@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Packages the GPU image provides (its package list as read on 2026-11-17, the import names this
+# Packages the GPU image provides (its package list, the import names this
 # check touches): taken from there, never carried, so torch and numpy stay the CUDA image's builds.
 DEVICE_HAS = {
     "torch", "torchvision", "triton", "numpy", "scipy", "PIL", "yaml", "tqdm", "packaging", "filelock",

@@ -2,7 +2,7 @@
 
 Once a stage has written and closed its outputs, CPython's finalization still tears down every
 module and object it loaded: with torch, DeepSpeed and detectron2 that took 1.3-2.0 s a process on
-the 2-core dev machine (docs/throughput.md), paid by every stage of ``dvc repro`` and by each
+2 cores (docs/decisions.md#fast-exit), paid by every stage of ``dvc repro`` and by each
 fine-tuning child or extraction worker, for nothing a stage needs. :func:`exit_now` runs what was registered to run at
 exit (``atexit``: logging's final flush, multiprocessing's joins, ``weakref.finalize`` callbacks
 such as temporary directories' removal), flushes the standard streams and ends the process with

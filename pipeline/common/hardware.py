@@ -26,8 +26,8 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
 def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU computes bf16 matmuls and convolutions natively (AVX-512 BF16 or AMX).
 
-    oneDNN's own check is not enough: it also says yes on AVX-512 CPUs without BF16 (an Intel Xeon
-    of family 6 model 106, 2026-12-04), where bf16 runs in a slower emulated path (a 2048×384 @
+    oneDNN's own check is not enough: it also says yes on AVX-512 CPUs without BF16 (Intel Xeons
+    of family 6 model 106, for one), where bf16 runs in a slower emulated path (a 2048×384 @
     384×1536 matmul: 62 GFLOP/s in bf16 autocast against 150 in fp32). So where the CPU's flags are
     readable they must name a native bf16 instruction too; elsewhere oneDNN decides alone."""
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():

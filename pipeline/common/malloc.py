@@ -5,7 +5,7 @@ alone is [30522, 384] fp32, 47 MB, and torch's embedding backward zero-fills a f
 glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
 unmaps it on ``free``, and gives the top of its heap back once more than 128 KiB are free there. So
 each step the kernel maps those pages again and faults every one of them in on first touch: that
-zero-fill took 25 ms of a ~300 ms pretraining step on the AMX Xeon (docs/throughput.md). With
+zero-fill took 25 ms of a ~300 ms pretraining step (docs/decisions.md#malloc-keep-freed). With
 ``mmap`` off (``M_MMAP_MAX`` 0) and trimming off (``M_TRIM_THRESHOLD`` 1 GiB), a freed block stays
 in the heap and the next step reuses its pages.
 

@@ -2,11 +2,11 @@
 
 torch runs its CPU kernels on a GNU OpenMP (libgomp) team. Between two parallel regions an idle
 thread either spins, ready for the next region at once, or sleeps and has to be woken (a futex
-call, slow in the VMs we run on); a small model's step has thousands of regions. libgomp reads the
+call, slow in virtual machines); a small model's step has thousands of regions. libgomp reads the
 choice once, when it loads with torch: ``OMP_WAIT_POLICY`` (PASSIVE sleeps at once, ACTIVE always
 spins) or ``GOMP_SPINCOUNT`` (spin that many times, then sleep; libgomp's own default is 300,000).
 
-Measured on the 2-core dev machine with two torch threads (docs/throughput.md): a training step
+Measured on 2 cores with two torch threads (docs/decisions.md#openmp-spin): a training step
 alone on the machine is 25-37% faster with a short spin than with PASSIVE, and the same bits come
 out (the wait changes when a thread starts its share, not the share). With two such processes on
 two cores, spinning threads steal each other's cores: 10,000 spins cost 2.8x PASSIVE there, and
@@ -22,7 +22,7 @@ import sys
 from collections.abc import MutableMapping
 
 POLICY_ENV, SPIN_ENV = "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"
-STAGE_SPIN_COUNT = 10_000  # ~0.1 ms of spinning on this machine (libgomp: ~100,000 spins per ms)
+STAGE_SPIN_COUNT = 10_000  # ~0.1 ms of spinning on a ~GHz core (libgomp: ~100,000 spins per ms)
 
 
 def set_stage_wait_policy(environ: MutableMapping[str, str] = os.environ) -> str | None:

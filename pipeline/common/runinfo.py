@@ -86,8 +86,9 @@ def code_version() -> str:
 def machine() -> dict[str, Any]:
     """What computed the numbers: CPU model, identity and count, and, when the stage loaded torch,
     its CPU kernel level and the GPU. Results repeat to the byte on one machine; two machines with
-    the same CPU model name have given different pretrained models (docs/experiments.md,
-    2026-12-02), so ``cpu_id`` and ``cpu_flags`` say more than ``cpu`` whether two runs compare."""
+    the same CPU model name have given different pretrained models
+    (docs/decisions.md#cpu-dependent-digits), so ``cpu_id`` and ``cpu_flags`` say more than ``cpu``
+    whether two runs compare."""
     cpu = _cpu_fields()
     info: dict[str, Any] = {"cpu": cpu.get("model name") or platform.processor() or platform.machine(),
                             "cpus": os.cpu_count(), "platform": platform.platform(), **_cpu_identity(cpu)}

@@ -12,7 +12,7 @@ one process and one thread each, as each start trains in the run (``--jobs``, de
 core). The point at the run's own budget is read from the run (``data/models/<task>/``) unless
 ``--no-reuse-run``.
 
-The rule (docs/experiments.md, 2026-12-02 from 06:24, and the same since): a point's score is the
+The rule (docs/decisions.md#finetune-budgets): a point's score is the
 mean of the task's headline metrics on dev (retrieval: IR and TR R@1); its standard error
 ``sqrt(sum_k p_k (1 - p_k) / n_k) / K`` over the K metrics (binomial on each metric's n dev
 items); the choice is the **cheapest point whose score is within one standard error of the best

@@ -208,8 +208,8 @@ def finetune_task(params: Params, name: str, *, dist: DistInfo, device: torch.de
 def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, precision: str) -> None:
     """Train each start of ``name`` in its own process with an equal share of the CPU cores.
 
-    Two one-thread processes did 1.36x the steps per second of one two-thread process on the 2-core
-    dev machine (small matrices parallelize poorly inside one step; docs/experiments.md). Each child
+    Two one-thread processes did 1.36x the steps per second of one two-thread process on 2 cores
+    (small matrices parallelize poorly inside one step; docs/decisions.md#parallel-starts). Each child
     is a one-rank group of its own and leaves its result in ``<work_root>/<init>/result/``.
     """
     import multiprocessing

@@ -217,7 +217,7 @@ def encoder_in_precision(model: torch.nn.Module, precision: Precision, device: t
 
     Unless ``precision`` is fp32, the encoder's forward runs under bf16 autocast while the context
     is open, as training ran (UNITER validated its amp-O2 fp16 model); bf16 autocast evaluates ~3x
-    faster on a CPU with native bf16 (docs/throughput.md). The encoder's output comes from a
+    faster on a CPU with native bf16 (docs/decisions.md#eval-precision). The encoder's output comes from a
     LayerNorm, which autocast keeps in fp32, so the pooler and the task heads score in fp32: a
     bf16 score (8-bit mantissa) would round near candidates to ties in rankings and argmaxes.
     """

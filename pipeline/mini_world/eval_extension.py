@@ -5,10 +5,9 @@ testA / testB refs (after ``n_refcoco_val_extra`` COCO train2014 images with Ref
 ``n_snli_ve_test_extra`` Flickr30k photos with SNLI-VE test premises and hypotheses.
 
 The world's split plans give each task's test split ~15% of its images, too few for a gain's
-95% interval to resolve 2 points (docs/experiments.md, the protocol of 2026-12-04: test splits are
-sized from the dev intervals), and RefCOCO+'s val 12 images, too few to estimate that interval
-from (docs/experiments.md, 2026-12-05 from 03:16). The extra items are drawn here, after every other
-writer, from random streams of their own, and appended to the released files (and to the answers and
+95% interval to resolve 2 points (docs/decisions.md#eval-protocol: test splits are sized from the
+dev intervals), and RefCOCO+'s val 12 images, too few to estimate that interval from. The extra
+items are drawn here, after every other writer, from random streams of their own, and appended to the released files (and to the answers and
 labels that VQA's evaluation server and VCR's leaderboard hold). So every image, row and planted
 overlap written before them stays byte for byte as it was: the train splits, the pretraining data and
 the other tasks' dev splits do not move. Later extensions do feel earlier ones in one way: every image

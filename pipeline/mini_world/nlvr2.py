@@ -10,7 +10,8 @@ from pipeline.mini_world.world import World, distinct_draws, insert_randomly, sp
 
 FILE_SPLIT = {"train": "train", "dev": "dev", "test1": "test"}  # file/dir name -> manifest split name
 # Real NLVR2 pairs each sentence with several image pairs; here each pair gets several distinct sentences. Two per
-# pair left 280 training statements, which both starts memorised before learning the grounding (docs/experiments.md).
+# pair left 280 training statements, which both starts memorised before learning the grounding
+# (docs/decisions.md#nlvr2-statements).
 STATEMENTS_PER_PAIR = 6
 
 

@@ -13,13 +13,14 @@ from pipeline.mini_world.task_text import vcr_item
 from pipeline.mini_world.world import World, distinct_draws, insert_randomly, split_plan
 
 # Up to six different questions per image (fewer when the scene has fewer), so that val holds ~120: with
-# two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin (docs/experiments.md).
+# two it held 44, and one question moved Q->AR by 2.3 points, more than the demo test's margin
+# (docs/decisions.md#vcr-questions).
 QUESTIONS_PER_IMAGE = 6
 IMAGES_PER_MOVIE = 5
 TEST_LABELS = "vcr/eval_server/test_labels.jsonl"
 LABEL_KEYS = ("answer_label", "rationale_label")
-# the stream of relation rationales' wrong shapes (added 2026-12-05 beside "vcr_questions", whose
-# draws it left as they were)
+# the stream of relation rationales' wrong shapes (a stream of its own beside "vcr_questions", whose
+# draws it leaves as they were)
 SHAPE_STREAM = "vcr_rationale_shapes"
 
 

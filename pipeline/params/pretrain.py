@@ -29,7 +29,7 @@ REFERENCE_DATASET_RATIOS = {"indomain": {"coco": 1.0, "vg": 1.0}, "outdomain": {
 # pretrain.recipe: the value each recipe gives the keys it governs, where the key is null or absent
 # in params.yaml (an explicit value overrides it; the run record lists such overrides). uniter:
 # UNITER's choices throughout (docs/fidelity.md). project (default): the same, except where a
-# measurement on the mini world showed UNITER's choice fails there (docs/experiments.md): ITM
+# measurement on the mini world showed UNITER's choice fails there (docs/decisions.md): ITM
 # first (without dropout), the ITM classifier started ten times wider, the class-name start of the
 # region projection, standardized region features and the box branch started from zero.
 RECIPES = ("uniter", "project")

@@ -47,7 +47,7 @@ class MiniWorldConfig:
     # Flickr30k photos with SNLI-VE test items only (outside the Karpathy file: retrieval's gallery keeps its size)
     n_snli_ve_test_extra: int = bounded(268, 0, MAX_COUNT)
     # COCO train2014 images with RefCOCO+ val refs, drawn before RefCOCO+'s extra test images: a dev
-    # split large enough to size RefCOCO+'s test split from (docs/experiments.md, 2026-12-05 from 03:16)
+    # split large enough to size RefCOCO+'s test split from (docs/decisions.md#eval-protocol)
     n_refcoco_val_extra: int = bounded(132, 0, MAX_COUNT)
     captions_per_image: int = bounded(5, 1, 100)
     max_objects: int = bounded(5, 1, 100)

@@ -9,7 +9,7 @@ per held-out pretraining metric (MLM, MRC-kl and ITM accuracy, MRFR loss) its va
 masking.
 
 It lives apart so that the demo's twenty minutes are not spent on a second pretraining run that no
-fine-tuning task reads (docs/experiments.md: 6.7 of the demo's 58 minutes).
+fine-tuning task reads (docs/decisions.md#ablations-outside-graph).
 """
 
 from __future__ import annotations

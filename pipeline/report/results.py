@@ -54,7 +54,7 @@ VERDICTS = {"shown": "yes", "small": f"no: under {GAIN_MARGIN:g} points", "unres
             "ceiling": "at ceiling", "unknown": "–"}
 DEV_MARK = " (dev: no test labels)"  # a row scored on dev because the task's test labels are not here
 # the non-pretrained start scored no better than chance: its fine-tuning did not take off, so the gain
-# measures that failure as much as pretraining (RefCOCO+ in one fp32 run: docs/experiments.md, 2026-12-05)
+# measures that failure as much as pretraining (docs/decisions.md#scratch-at-chance)
 SCRATCH_AT_CHANCE_MARK = " (scratch at chance)"
 # a dev row of a task in decontaminate.keep_dev_in_pretraining: its dev images were pretrained on
 SEEN_MARK = " (dev images in pretraining)"

@@ -14,8 +14,7 @@ RefCOCO+'s do not: a val image's refs may name any target, a testA image's only 
 (the mini analogue of people), a testB image's the others. So for RefCOCO+ in the mini world each
 run also gives the interval of the val items a test image would carry (:func:`items_like_test`):
 val's images, in the order of their ids, taken as testA and testB in turn, both ways round, each
-keeping the refs to its half's shapes. The size is the largest row's (docs/experiments.md,
-2026-12-05 from 03:16).
+keeping the refs to its half's shapes. The size is the largest row's (docs/decisions.md#eval-protocol).
 """
 
 from __future__ import annotations

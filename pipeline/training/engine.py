@@ -156,7 +156,7 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     autocast_forward(model, s.precision, s.device)
     # the fused kernel on CUDA and on the CPU alike: torch's CPU default is a per-tensor Python loop;
     # fused is one vectorized pass, 98 vs 20 ms a step for the `small` model with one thread
-    # (docs/throughput.md), and differs from the multi-tensor path in the last bits
+    # (docs/decisions.md#fused-adamw), and differs from the multi-tensor path in the last bits
     optimizer = torch.optim.AdamW(param_groups(model, s.weight_decay), lr=s.lr, betas=tuple(s.betas),
                                   eps=1e-6, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(s.warmup_steps, s.total_steps))

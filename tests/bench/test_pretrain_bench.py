@@ -1,5 +1,5 @@
 """bench/pretrain.py's stage world end to end on tiny settings: the world is built by the real
-build_dbs stage, the four loops run in rotating rounds and the table has every row (docs/throughput.md)."""
+build_dbs stage, the four loops run in rotating rounds and the table has every row (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

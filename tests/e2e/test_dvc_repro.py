@@ -9,13 +9,13 @@
   tests/dags/test_airflow_scheduler.py, whose LocalExecutor and Celery runs are two such runs (a
   second DVC run here cost the suite ~4 min of its 10).
 - One `dvc repro` with the default params.yaml (`make demo`): every output exists; its wall
-  time is printed (docs/experiments.md); `dvc repro ablations/dvc.yaml` after it writes the
+  time is printed (docs/benchmarks.md has the latest); `dvc repro ablations/dvc.yaml` after it writes the
   masking ablation; and the margins
   issues 7 and 9 ask for (MLM uses the image, ITM beats the majority rate, every task beats chance
   and the non-pretrained start).
 
 CI runs the tiny-world tests once through `make test`; the default-params run (marker ``demo``,
-28.8 min on 2 cores on 2026-12-01, plus ~6 min for the ablations) runs with `make test-full`.
+15-30 min on 2 cores depending on the CPU's bf16 support, plus ~6 min for the ablations) runs with `make test-full`.
 They skip, saying which, while stage modules are missing.
 """
 
@@ -319,8 +319,8 @@ def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
 def default_run(tmp_path_factory):
     repo = fresh_copy(tmp_path_factory.mktemp("default"))
     start = time.time()
-    # the limit catches a hang, not a slow CPU: the ~2 GHz AVX2-only EPYC took 86 min in fp32 before
-    # the test splits grew (docs/throughput.md), and a failure by time says nothing about the results
+    # the limit catches a hang, not a slow CPU: a ~2 GHz AVX2-only CPU takes over 100 min in fp32
+    # (docs/benchmarks.md), and a failure by time says nothing about the results
     log = dvc(["repro"], repo, timeout=3 * 3600, alone=True)
     seconds = time.time() - start
     print(f"default-params dvc repro: {seconds / 60:.1f} min on {os.cpu_count()} CPUs")

@@ -85,7 +85,7 @@ def test_keep_multiplier_is_the_complement_of_drop_mask_in_the_given_dtype(dtype
 
 
 def _masked_fill_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """The application before 2026-12-05: zero the dropped elements of :func:`drop_mask`, then scale."""
+    """The earlier application: zero the dropped elements of :func:`drop_mask`, then scale."""
     if not training or p == 0.0:
         return x
     return x.masked_fill(drop_mask(x.shape, p), 0) * (1.0 / (1.0 - p))
@@ -162,7 +162,7 @@ def test_attention_dropout_drops_probabilities_with_the_seeded_mask():
 
 
 def _scale_then_masked_fill_attention(q, k, v, attn_mask, dropout_p):
-    """explicit_attention before 2026-12-05: scale the scores, then masked_fill the masked keys."""
+    """explicit_attention's earlier form: scale the scores, then masked_fill the masked keys."""
     scores = (q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))).masked_fill(~attn_mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     return torch.matmul(dropout(probs, dropout_p, True), v)

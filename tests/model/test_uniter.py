@@ -68,7 +68,7 @@ def test_text_forward_equals_transformers_bert():
 def test_fresh_pooler_start_keeps_the_bert_style_init_and_loads_everything_else():
     state = read_bert_state(default_bert_checkpoint())
     # the shipped MiniLM's pooler was never trained (bias all zero, weights at std ~0.009): the
-    # reason for the switch (docs/experiments.md, 2026-12-03)
+    # reason for the switch (docs/decisions.md#pooler-start)
     assert state["pooler.dense.bias"].abs().max() == 0
     torch.manual_seed(5)
     fresh = UniterModel(UniterConfig.from_preset("small", pooler_start="fresh"), img_dim=8)

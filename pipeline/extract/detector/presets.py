@@ -139,7 +139,7 @@ def _mini(cfg, *, num_classes: int, image_size: int) -> None:
     cfg.MODEL.ROI_BOX_HEAD.POOLER_TYPE = "ROIAlignV2"
     cfg.MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO = 0
     cfg.MODEL.UNITER.ROI_ALIGN = "matrix"  # a 12 x 12 res4 map: torchvision's serial backward was 27% of an iteration
-    cfg.MODEL.UNITER.CHANNELS_LAST = True  # a training iteration 0.87x, extraction ~10% faster (docs/throughput.md)
+    cfg.MODEL.UNITER.CHANNELS_LAST = True  # an iteration 0.87x, extraction ~10% faster (docs/decisions.md)
     cfg.MODEL.UNITER.RES5_HEAD_STRIDE = 2
     cfg.MODEL.UNITER.RES5_HEAD_DILATION = 1
     cfg.MODEL.UNITER.ATTRIBUTE_ON = False

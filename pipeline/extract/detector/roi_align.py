@@ -1,8 +1,8 @@
 """ROIAlign as two matrix products, for the small feature maps of the ``mini`` detector on CPU.
 
 torchvision's CPU ``roi_align`` backward is one serial loop of scattered adds: training the mini
-detector on 2 cores spent 27% of each iteration in it while the second core waited (py-spy,
-2026-12-05, docs/throughput.md). ROIAlign is linear in the feature map and its bilinear sampling is
+detector on 2 cores spent 27% of each iteration in it while the second core waited
+(docs/decisions.md#detector-roi-align). ROIAlign is linear in the feature map and its bilinear sampling is
 separable, so for ROI r with sampling grid g_y x g_x:
 
     out[r, c, p, q] = sum_{y, x} Ay[r, p, y] * F[b_r, c, y, x] * Ax[r, q, x]
@@ -125,7 +125,7 @@ class MatrixROIAlign(ROIAlign):
     """detectron2's ``ROIAlign`` layer that pools with :func:`roi_align_matrix` when a backward will
     follow (training) or when it keeps only every ``bin_stride``-th bin. Otherwise it is detectron2's
     own layer: without a backward, torchvision's forward over all bins is the faster of the two
-    (extraction: 14.0 against 13.3 images/s on one thread, docs/throughput.md).
+    (extraction: 14.0 against 13.3 images/s on one thread).
 
     ``bin_stride`` > 1 (set for inference by ``UniterRes5ROIHeads.pool_only_read_bins`` when the first
     res5 block reads the pooled grid only at that stride): the output is ``[R, C, ceil(P / s), ceil(Q / s)]``, bins 0, s, 2s, ... of the

@@ -82,7 +82,7 @@ def effective_amp(amp: str, device: str) -> str | None:
     as asked on CUDA, fp32 (None) on a CPU. Recorded in the settings, so the shards' digest and
     ``_run.json`` say what ran. bf16 on a CPU with native bf16 takes ~0.6x the time with the same
     held-out detector quality, but moves every feature by ~1% and so every later number
-    (docs/throughput.md, 2026-12-05 from 21:47): a different feature set, not a faster way to this one."""
+    (docs/decisions.md#extract-fp32-cpu): a different feature set, not a faster way to this one."""
     return amp if device == "cuda" and amp != "none" else None
 
 

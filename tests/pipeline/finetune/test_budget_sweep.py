@@ -39,7 +39,7 @@ def test_dev_point_is_the_binomial_se_of_each_metric_and_their_mean():
 
 
 @pytest.mark.parametrize("scores, n, chosen", [
-    # the 2026-12-02 sweep (docs/experiments.md, session from 06:24): the rule's choices from its table
+    # an earlier sweep's dev scores (docs/decisions.md#finetune-budgets): the rule's choices from its table
     ({75: 67.40, 150: 71.78, 300: 71.99}, 366, 150),   # VQA: 75 falls under the bar 69.64
     ({150: 25.44, 300: 28.07, 600: 30.70}, 114, 300),  # VCR Q→AR: the bar 26.38
     ({75: 62.22, 150: 62.22, 300: 66.67}, 180, 300),   # NLVR2

@@ -35,7 +35,7 @@ def test_null_keys_take_the_recipe_values(recipe):
 def test_uniter_recipe_is_uniter_and_project_departs_only_where_measured():
     assert {k: v["uniter"] for k, v in RECIPE_DEFAULTS.items()} == UNITER
     departures = {k for k, v in RECIPE_DEFAULTS.items() if v["project"] != v["uniter"]}
-    # each measured on the mini world (docs/fidelity.md, docs/experiments.md)
+    # each measured on the mini world (docs/fidelity.md, docs/decisions.md)
     assert departures == {"pretrain.first_phase_steps", "pretrain.first_phase_dropout", "model.region_init",
                           "model.region_feature_norm", "model.region_box_start", "pretrain.itm_init_std"}
 

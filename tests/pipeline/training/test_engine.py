@@ -107,7 +107,7 @@ def test_precision_on_cpu_follows_native_bf16(monkeypatch):
 
 
 # bf16 keeps 8 bits of mantissa; with fp32 accumulation a loss moves by well under 2% (measured on
-# this batch, 2026-12-01, Xeon with AMX: 0.005-0.064%)
+# this batch on a CPU with AMX: 0.005-0.064%; docs/decisions.md#precision-auto)
 AUTOCAST_LOSS_RTOL = 0.02
 
 
