@@ -7,7 +7,7 @@
 A step is what a pretraining step costs without the stage around it: forward of ``UniterForPretraining``
 (params.yaml ``model.preset``) under the precision the stage resolves on this CPU (bf16 autocast with
 native bf16, else fp32; ``--precision``), ``loss.backward()``, a fused torch AdamW step. Batches are
-bench/pretrain.py's synthetic ones at the mini world's shape (``--batch`` examples of <= ``--txt-len``
+bench/common.py's synthetic ones at the mini world's shape (``--batch`` examples of <= ``--txt-len``
 words + <= ``--regions`` regions of the mini detector's 512-d features and 31 classes), the tasks of
 ``--tasks`` cycled (default: params.yaml's ``pretrain.mix_ratio`` as a cycle, 2:1:1:2 of mlm, mrfr,
 mrc_kl, itm today).
@@ -32,9 +32,10 @@ from typing import Mapping
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+# first: a stage process's OpenMP wait and malloc settings, before torch loads
+from bench.common import MINI_FEATURE_DIM, MINI_NUM_CLASSES, flops_per_step, synthetic_batch  # noqa: E402  isort: skip
+import torch  # noqa: E402  isort: skip
 
-from bench.pretrain import MINI_FEATURE_DIM, MINI_NUM_CLASSES, flops_per_step, synthetic_batch  # noqa: E402
 from model.config import UniterConfig  # noqa: E402
 from model.pretraining import UniterForPretraining  # noqa: E402
 from pipeline.params.parser import load_params  # noqa: E402
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = cycle_s(step, batches) * len(batches)
         step_s.append(statistics.median(cycle_s(step, batches) for _ in range(args.rounds)))
         t = step_s[-1]
-        print(f"{threads:>7} {warm:9.2f} {t:8.3f} {flops / t / 1e9:8.0f} {step_s[0] / t:8.2f}")
+        print(f"{threads:>7} {warm:9.2f} {t:8.3f} {flops / t / 1e9:8.1f} {step_s[0] / t:8.2f}")
     if args.profile:
         from torch.profiler import profile
 

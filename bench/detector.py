@@ -1,26 +1,21 @@
-"""Benchmark: the mini detector's training iteration, by ROIAlign kernel and memory layout, side by side.
+"""Benchmark: the mini detector's training iteration, and what a detectron2 config change does to it.
 
-    .venv/bin/python bench/detector.py                 # 4 variants x 5 rounds of 20 iterations, 2 threads
+    .venv/bin/python bench/detector.py                 # the preset: 5 rounds of 20 iterations, 2 threads
+    .venv/bin/python bench/detector.py --vs MODEL.UNITER.CHANNELS_LAST=False   # the preset vs a change, side by side
     .venv/bin/python bench/detector.py --rounds 1 --iters 2 --images 8     # a smoke run
 
 What ``train_detector`` does per iteration (``pipeline.extract.train_detector.train``: 4 images,
 forward with detectron2's losses, backward, clipping, fused AdamW) on the ``mini`` preset at the mini
-world's 192-px scale, for each of:
+world's 192-px scale. Each ``--vs KEY=VALUE`` (a detectron2 config key, value read as YAML; several
+``KEY=VALUE`` in one ``--vs`` change together) adds an arm built from the preset with that change.
 
-- ``torchvision / NCHW``:  torchvision's ``roi_align`` (its CPU backward is one serial loop) and
-  contiguous weights: the preset before 2026-12-05;
-- ``matrix / NCHW``:       ``MODEL.UNITER.ROI_ALIGN: matrix`` (``pipeline.extract.detector.roi_align``);
-- ``torchvision / channels-last`` and ``matrix / channels-last`` (``MODEL.UNITER.CHANNELS_LAST``): the
-  last is the preset now.
-
-Every variant starts from the same weights (one seeded model, copied) and trains on the same images
+Every arm starts from the same weights (one seeded model, copied) and trains on the same images
 and batches (rendered in memory: coloured squares and discs with their boxes, 30 classes), so the
-rows differ only in the kernel and the layout. Rounds rotate the order of the variants after one
-warm-up round each, so load from elsewhere hits all alike; printed per variant: the median seconds
-per iteration over rounds, its ratio to the first row (``vs old``) and the median of the per-round
-ratios (``paired``). The first iteration's losses of every variant are printed too: the two ROIAlign
-kernels give the same digits; channels-last moves them by ~1e-3 (another convolution algorithm's
-rounding can reorder near-tied RPN proposals, and so which ones are sampled).
+rows differ only in the change. Rounds rotate the order of the arms after one warm-up round each,
+so load from elsewhere hits all alike; printed per arm: the median seconds per iteration over
+rounds, its ratio to the preset (``vs preset``) and the median of the per-round ratios
+(``paired``). The first iteration's losses of every arm are printed too, so a change that should
+not move the arithmetic can be seen not to.
 """
 
 from __future__ import annotations
@@ -34,18 +29,25 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from pipeline.common.malloc import keep_freed_memory  # noqa: E402  isort: skip
-from pipeline.common.openmp import set_stage_wait_policy  # noqa: E402  isort: skip
+import bench.common  # noqa: E402,F401  isort: skip  (a stage process's OpenMP wait and malloc, before torch)
 
-set_stage_wait_policy()  # as a stage process waits (before torch loads)
-keep_freed_memory()
-
-VARIANTS = (("torchvision", False), ("matrix", False), ("torchvision", True), ("matrix", True))
 NUM_CLASSES = 30
+PRESET = "preset"  # the first arm: the mini preset as train_detector builds it
 
 
-def layout(variant: tuple[str, bool]) -> str:
-    return "channels-last" if variant[1] else "NCHW"
+def parse_change(text: str) -> tuple[str, tuple]:
+    """``--vs "K1=V1 K2=V2"`` -> (its label, detectron2 overrides (K1, V1, K2, V2)); values read as YAML."""
+    import yaml
+
+    overrides = []
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+        overrides += [key, yaml.safe_load(value)]
+    if not overrides:
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    return text, tuple(overrides)
 
 
 def render_scenes(n: int, size: int, seed: int = 0):
@@ -76,22 +78,21 @@ def render_scenes(n: int, size: int, seed: int = 0):
     return scenes, images
 
 
-def build_variants(size: int):
-    """{(roi_align, channels_last): model} from one seeded start, and the detectron2 config."""
+def build_arms(size: int, changes: list[tuple[str, tuple]]):
+    """{label: model}, the preset first, all from one seeded start; and the preset's detectron2 config."""
     import torch
 
     from pipeline.extract.detector.build import build_model
 
     torch.manual_seed(0)
-    models, state = {}, None
-    for impl, channels_last in VARIANTS:
-        overrides = ("MODEL.UNITER.ROI_ALIGN", impl, "MODEL.UNITER.CHANNELS_LAST", channels_last)
+    models, state, preset_cfg = {}, None, None
+    for label, overrides in [(PRESET, ())] + changes:
         model, cfg = build_model("mini", num_classes=NUM_CLASSES, image_size=size, overrides=overrides)
-        if state is None:  # the first variant's seeded start is every variant's
-            state = copy.deepcopy(model.state_dict())
+        if state is None:  # the preset's seeded start is every arm's
+            state, preset_cfg = copy.deepcopy(model.state_dict()), cfg
         model.load_state_dict(state)
-        models[(impl, channels_last)] = model
-    return models, cfg
+        models[label] = model
+    return models, preset_cfg
 
 
 def first_losses(model, cfg, scenes, images) -> dict[str, float]:
@@ -133,6 +134,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64, help="rendered training images")
     parser.add_argument("--size", type=int, default=192, help="image side (the mini world's 192)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (train_detector uses every core)")
+    parser.add_argument("--vs", type=parse_change, action="append", default=[], metavar="KEY=VALUE",
+                        help="an arm: the preset with this detectron2 config change (repeatable)")
     args = parser.parse_args()
 
     import torch
@@ -140,25 +143,25 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)  # as train_detector
     scenes, images = render_scenes(args.images, args.size)
-    models, cfg = build_variants(args.size)
-    for key, model in models.items():
-        print(f"{key[0]:>11} / {layout(key):13s} first losses {first_losses(model, cfg, scenes, images)}")
-    times: dict[tuple, list[float]] = {key: [] for key in VARIANTS}
+    models, cfg = build_arms(args.size, args.vs)
+    arms = list(models)
+    width = max(len(a) for a in arms)
+    for label, model in models.items():
+        print(f"{label:<{width}} first losses {first_losses(model, cfg, scenes, images)}")
+    times: dict[str, list[float]] = {label: [] for label in arms}
     for rnd in range(args.rounds + 1):
-        order = VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]
-        for key in order:
-            seconds = time_round(models[key], cfg, scenes, images, args.iters, seed=rnd)
-            if rnd > 0:  # round 0 warms every variant up
-                times[key].append(seconds)
+        order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
+        for label in order:
+            seconds = time_round(models[label], cfg, scenes, images, args.iters, seed=rnd)
+            if rnd > 0:  # round 0 warms every arm up
+                times[label].append(seconds)
         if rnd > 0:
-            print(f"round {rnd}: " + ", ".join(f"{k[0]}/{layout(k)} {times[k][-1] * 1e3:.0f} ms" for k in VARIANTS))
-    base = VARIANTS[0]
-    print(f"{'ROIAlign':>11}   {'layout':13s}  {'s/iter':>7}  {'vs old':>6}  {'paired':>6}")
-    for key in VARIANTS:
-        med = statistics.median(times[key])
-        paired = statistics.median(t / b for t, b in zip(times[key], times[base]))
-        print(f"{key[0]:>11}   {layout(key):13s}  {med:7.3f}  "
-              f"{med / statistics.median(times[base]):6.3f}  {paired:6.3f}")
+            print(f"round {rnd}: " + ", ".join(f"{a} {times[a][-1] * 1e3:.0f} ms" for a in arms))
+    print(f"{'arm':<{width}}  {'s/iter':>7}  {'vs preset':>9}  {'paired':>6}")
+    for label in arms:
+        med = statistics.median(times[label])
+        paired = statistics.median(t / b for t, b in zip(times[label], times[PRESET]))
+        print(f"{label:<{width}}  {med:7.3f}  {med / statistics.median(times[PRESET]):9.3f}  {paired:6.3f}")
 
 
 if __name__ == "__main__":

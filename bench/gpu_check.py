@@ -12,7 +12,7 @@ setup, the warm-up and the FLOP count come on top):
    images/s after a warm-up batch.
 2. pretrain: ``base`` ``UniterForPretraining`` through the stage's engine
    (``pipeline.training.engine.initialize``: DeepSpeed ZeRO-2, bf16) in a one-rank process group,
-   on bench/pretrain.py's synthetic batches (mlm, mrfr, mrc_kl, itm+WRA cycled); tokens/s (text
+   on bench/common.py's synthetic batches (mlm, mrfr, mrc_kl, itm+WRA cycled); tokens/s (text
    tokens + regions) and MFU = counted model FLOPs / time / ``--peak-tflops``.
 3. overflow_ab: the A/B of ``pipeline.training.engine.skip_redundant_overflow_pass`` (DeepSpeed's
    per-gradient inf/NaN pass dropped, the stage's default) against the same engine with that pass
@@ -136,7 +136,7 @@ def finetune(plan: Plan, device, precision: str, zero_stage: int) -> dict:
     """Section 4 -> optimizer steps/s (and examples/s) of VQA fine-tuning through the stage's engine."""
     import torch
 
-    from bench.pretrain import EngineLoop
+    from bench.common import EngineLoop
     from model.config import UniterConfig
     from model.tasks import UniterForVqa
     from pipeline.finetune.tasks.base import FinetuneModule

@@ -71,8 +71,8 @@ def engine_settings(device, precision: str, zero_stage: int, total_steps: int):
 
 def make_batch(task: str, plan: Plan, vocab: int, g, *, batch: int | None = None, regions: int | None = None,
                txt_len: int | None = None) -> dict:
-    """bench/pretrain.py's synthetic batch of ``task`` at this plan's shape (overridable)."""
-    from bench.pretrain import synthetic_batch
+    """bench/common.py's synthetic batch of ``task`` at this plan's shape (overridable)."""
+    from bench.common import synthetic_batch
 
     return synthetic_batch(task, batch=batch or plan.batch, txt_len=txt_len or plan.txt_len,
                            regions=regions or plan.regions, vocab=vocab, img_dim=plan.img_dim, classes=plan.classes,
@@ -107,7 +107,7 @@ def pretraining_setup(plan: Plan, device, precision: str, *, dropout: float):
     one step (mean over the cycle) -> (model, batches, flops)."""
     import torch
 
-    from bench.pretrain import flops_per_step
+    from bench.common import flops_per_step
     from model.config import UniterConfig
     from model.pretraining import UniterForPretraining
     from pipeline.training.engine import cast_batch
@@ -128,7 +128,7 @@ def pretrain(plan: Plan, device, precision: str, zero_stage: int, peak_tflops: f
              profile_dir: Path | None = None) -> dict:
     """Section 2 -> tokens/s, TFLOP/s and MFU of pretraining steps through the stage's engine
     (+ with ``profile_dir``, an operator table of one more task cycle: ``pretrain_profile.txt``)."""
-    from bench.pretrain import EngineLoop
+    from bench.common import EngineLoop
     from pipeline.training.loop import batch_units
 
     model, batches, flops = pretraining_setup(plan, device, precision, dropout=0.1)
@@ -163,7 +163,7 @@ def overflow_ab(plan: Plan, device, zero_stage: int, peak_tflops: float) -> dict
     """
     import statistics
 
-    from bench.pretrain import EngineLoop
+    from bench.common import EngineLoop
 
     # no dropout: both arms compute the same losses on the same batches
     model, batches, flops = pretraining_setup(plan, device, "bf16", dropout=0.0)
