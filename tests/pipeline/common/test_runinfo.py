@@ -54,7 +54,8 @@ cpu family\t: 99
 
 
 def test_the_machine_record_names_the_cpu_beyond_its_model_name(tmp_path):
-    """Two "AMD EPYC" machines gave different pretrained models: _run.json must tell them apart."""
+    """Two machines of one CPU model name can give different pretrained models (docs/decisions.md#cpu-dependent-digits):
+    _run.json must tell them apart."""
     info = {}
     for name, flags in {"a": "fpu avx512f avx512_bf16", "b": "avx512_bf16 fpu avx512f", "c": "fpu avx2"}.items():
         (tmp_path / name).write_text(CPUINFO.format(flags=flags))
