@@ -89,7 +89,10 @@ class Params:
     def problems(self) -> list[tuple[str, str]]:
         """Top-level keys that are wrong, as (key, message); the parser raises on them."""
         message = Range(0, MAX_SEED).problem(self.seed)
-        return ([("seed", message)] if message else []) + self._scored_split_problems()
+        out = ([("seed", message)] if message else []) + self._scored_split_problems()
+        if self.pretrain.steps == 0 and self.model.uniter_checkpoint is None:  # nothing to start from but BERT
+            out.append(("pretrain.steps", "0 (no training) needs model.uniter_checkpoint, the model to export as is"))
+        return out
 
     def _scored_split_problems(self) -> list[tuple[str, str]]:
         """A task whose scored splits decontamination cannot see (dataset not ingested) is refused:

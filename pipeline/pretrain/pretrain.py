@@ -64,6 +64,11 @@ def run_vcr(params: Params) -> None:
 def _run(params: Params, plan: StagePlan) -> None:
     check_params(params, plan)
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
+    if _from_release(params, plan):  # the file is checked before anything is written or launched
+        from pipeline.pretrain.inputs import open_sources
+        from pipeline.pretrain.uniter_start import uniter_start
+
+        uniter_start(params, plan, *open_sources(plan.train_sources, plan.img_root))
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
         train_rank(params, plan)
@@ -77,11 +82,18 @@ def _run(params: Params, plan: StagePlan) -> None:
     params_file.unlink(missing_ok=True)
 
 
+def _from_release(params: Params, plan: StagePlan) -> bool:
+    """Whether this stage starts from ``model.uniter_checkpoint`` (the first stage only)."""
+    return plan.init_from is None and params.model.uniter_checkpoint is not None
+
+
 def _fingerprint(params: Params, plan: StagePlan, world_size: int, img_names: list[str]) -> dict[str, Any]:
     inputs = {str(s.path): db_fingerprint(s.path) for s in plan.train_sources}
     inputs.update({n: db_fingerprint(plan.img_root / n) for n in img_names})
     if plan.init_from is not None:
         inputs["init"] = file_digest(plan.init_from / "model.safetensors")
+    if _from_release(params, plan):
+        inputs["uniter_checkpoint"] = file_digest(params.model.uniter_checkpoint)
     return {"stage": plan.stage, "params": params.section_digest("seed", "model", "pretrain"),
             "world_size": world_size, "inputs": inputs}
 
@@ -136,7 +148,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         precision = resolve_precision(cfg.precision, device)
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
-        model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
+        model, spec, region_fit, release = _build_model(params, plan, train_dbs, img_dbs)
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
                                 first_phase_steps=plan.first_phase_steps, dataset_ratio=plan.dataset_ratio)
         streams = train_streams(train_dbs, img_dbs, schedule.streams, seed=params.seed, masking=plan.masking,
@@ -163,7 +175,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         export(params, plan, trainer, Trained(engine=engine, spec=spec, txt_meta=train_dbs[0].meta, loop=loop,
                                                baseline=baseline, final=final, text_only=text_only,
                                                held_out=final_val, schedule=schedule, streams=streams,
-                                               region_fit=region_fit), started)
+                                               region_fit=region_fit, uniter_checkpoint=release), started)
 
 
 def _final_eval(trainer: Trainer, engine, val: Mapping[str, list[dict[str, Any]]]):
@@ -200,7 +212,12 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
             model.uniter.grow_type_vocab(VCR_TYPE_VOCAB, from_type=TEXT_TYPE)
             spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, type_vocab_size=VCR_TYPE_VOCAB))
         log.info("%s: starting from %s", plan.stage, plan.init_from)
-        return model, spec, None
+        return model, spec, None, None
+    if _from_release(params, plan):  # no BERT, no region fit: the file has every weight
+        from pipeline.pretrain.uniter_start import uniter_start
+
+        start = uniter_start(params, plan, train_dbs, img_dbs)
+        return start.model, start.spec, None, start.record
     cfg = params.pretrain
     spec = spec_from_params(params.model, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                             num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0,
@@ -214,6 +231,6 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
         # fitted on this stage's training images only: never an eval image, even one in the same DB
         region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, image_keys=training_image_keys(train_dbs),
                                             max_images=params.model.region_init_images, seed=params.seed)
-    return model, spec, region_fit
+    return model, spec, region_fit, None
 
 
