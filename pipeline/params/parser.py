@@ -34,7 +34,7 @@ from pipeline.params.checks import MAX_SEED, Range, must_exist, range_problems  
 from pipeline.params.dbs import BuildDbsConfig
 from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_splits, eval_split_origins
 from pipeline.params.extract import ExtractConfig
-from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig
+from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, apply_task_presets
 from pipeline.params.ingest import IngestConfig
 from pipeline.params.inputs import missing_paths, source_needs, unread_inputs
 from pipeline.params.model import ModelConfig
@@ -297,6 +297,9 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
     first (``params.pretrain.apply_recipe``; ``raw`` itself is not changed)."""
     if isinstance(raw, Mapping):
         raw = apply_recipe(copy.deepcopy(dict(raw)))
+        preset_problems = apply_task_presets(raw)  # named fine-tuning budgets (params.finetune.TASK_PRESETS)
+        if preset_problems:
+            raise ParamsError(f"{source}: " + "; ".join(preset_problems))
     try:
         params = _parse_dataclass(Params, raw, "")
     except ParamsError as err:
