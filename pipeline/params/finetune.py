@@ -44,9 +44,10 @@ TASK_SPLITS: dict[str, TaskSplits] = {
 # 8e-5, warmup_steps 600 then linear decay to 0; train_batch_size 5120 padded tokens a GPU x 4 GPUs x
 # gradient_accumulation_steps 5 = 102,400 tokens an optimizer step, here one micro batch on one rank).
 # Its other choices are this section's defaults (betas, weight_decay 0.01, grad_clip 2.0, model.dropout
-# 0.1) or named in docs/real-data.md (lr_mul, the answer vocabulary).
+# 0.1); lr_mul 10 is head_lr_mul. What still differs is in docs/real-data.md.
 TASK_PRESETS: dict[str, tuple[str, dict[str, float | int]]] = {
-    "uniter_vqa_base": ("vqa", {"steps": 6000, "lr": 8e-5, "batch_tokens": 102_400, "warmup_steps": 600}),
+    "uniter_vqa_base": ("vqa", {"steps": 6000, "lr": 8e-5, "batch_tokens": 102_400, "warmup_steps": 600,
+                                "head_lr_mul": 10.0}),
 }
 
 
@@ -81,6 +82,8 @@ class TaskConfig:
     # training micro batch: padded text tokens + regions, all rows of an example
     batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
     warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    # the task head's lr as a multiple of lr, on the same schedule (UNITER's lr_mul); 1: one rate throughout
+    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)
     preset: str | None = None  # a TASK_PRESETS name: fills the keys above left null or out
 
 
