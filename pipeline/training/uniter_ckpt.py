@@ -1,7 +1,8 @@
 """UNITER release files on disk: read one safely, check it against the run, write one.
 
 A release file (``uniter-base.pt``, ``uniter-large.pt``) is a plain torch state dict with the
-reference's names (:mod:`model.uniter_format`). It is read with ``torch.load(weights_only=True)``
+reference's names (:mod:`model.uniter_format`); a ``.safetensors`` file with those names is read too.
+A torch file is read with ``torch.load(weights_only=True)``
 (:func:`model.weights_file.load_plain_torch`): tensors and plain containers only, a pickled payload
 is refused naming the file. Floating tensors are returned in fp32 whatever the file holds (the
 release is fp16 or fp32).
@@ -81,7 +82,15 @@ def read_release(path: Path | str, *, sha256: str | None = None) -> Release:
     if sha256 is not None and digest != sha256.lower():
         raise UniterFormatError(f"{path}: sha256 {digest}, but model.uniter_checkpoint_sha256 pins {sha256}: the "
                                 "file changed since it was pinned; set the new digest if the change is meant")
-    raw = load_plain_torch(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        raw = load_file(str(path))
+    else:
+        try:
+            raw = load_plain_torch(path)
+        except (KeyError, RuntimeError, EOFError, ValueError) as err:  # not a torch file at all
+            raise UniterFormatError(f"{path}: not a torch state dict file ({type(err).__name__}: {err})") from None
     if not isinstance(raw, Mapping):
         raise UniterFormatError(f"{path}: not a state dict (it holds a {type(raw).__name__})")
     bad = [k for k, v in raw.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
