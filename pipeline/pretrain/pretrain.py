@@ -64,15 +64,15 @@ def run_vcr(params: Params) -> None:
 def _run(params: Params, plan: StagePlan) -> None:
     check_params(params, plan)
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
-    if _from_release(params, plan):  # the file is checked before anything is written or launched
+    cfg = params.pretrain
+    if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
+        train_rank(params, plan)  # a release file is checked there, before the rank writes anything
+        return
+    if _from_release(params, plan):  # checked here once, so that a bad file stops before any rank starts
         from pipeline.pretrain.inputs import open_sources
         from pipeline.pretrain.uniter_start import uniter_start
 
         uniter_start(params, plan, *open_sources(plan.train_sources, plan.img_root))
-    cfg = params.pretrain
-    if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
-        train_rank(params, plan)
-        return
     # Every rank re-reads exactly these params (written beside, not inside, the checkpoint dir,
     # which rank 0 may clear while slower ranks are still starting).
     params_file = plan.ckpt_dir.parent / f"{plan.name}.launch_params.yaml"
@@ -148,7 +148,14 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         precision = resolve_precision(cfg.precision, device)
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
-        model, spec, region_fit, release = _build_model(params, plan, train_dbs, img_dbs)
+        if _from_release(params, plan):  # no BERT, no region fit: the file has every weight
+            from pipeline.pretrain.uniter_start import uniter_start
+
+            start = uniter_start(params, plan, train_dbs, img_dbs)
+            model, spec, region_fit, release = start.model, start.spec, None, start.record
+        else:
+            model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
+            release = None
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
                                 first_phase_steps=plan.first_phase_steps, dataset_ratio=plan.dataset_ratio)
         streams = train_streams(train_dbs, img_dbs, schedule.streams, seed=params.seed, masking=plan.masking,
@@ -212,12 +219,7 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
             model.uniter.grow_type_vocab(VCR_TYPE_VOCAB, from_type=TEXT_TYPE)
             spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, type_vocab_size=VCR_TYPE_VOCAB))
         log.info("%s: starting from %s", plan.stage, plan.init_from)
-        return model, spec, None, None
-    if _from_release(params, plan):  # no BERT, no region fit: the file has every weight
-        from pipeline.pretrain.uniter_start import uniter_start
-
-        start = uniter_start(params, plan, train_dbs, img_dbs)
-        return start.model, start.spec, None, start.record
+        return model, spec, None
     cfg = params.pretrain
     spec = spec_from_params(params.model, vocab_size=vocab, img_dim=img_dbs.feature_dim,
                             num_classes=img_dbs.num_classes, wra_weight=cfg.wra_weight if cfg.wra else 0.0,
@@ -231,6 +233,6 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
         # fitted on this stage's training images only: never an eval image, even one in the same DB
         region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, image_keys=training_image_keys(train_dbs),
                                             max_images=params.model.region_init_images, seed=params.seed)
-    return model, spec, region_fit, None
+    return model, spec, region_fit
 
 

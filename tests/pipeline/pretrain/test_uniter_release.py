@@ -53,17 +53,25 @@ def test_export_writes_the_reference_names_config_and_notes(data):
     assert any("region_feature_norm=standardize" in d for d in notes["departures"])
 
 
-def test_known_answer_path_reimports_the_model_exactly_and_records_the_digest(data, capsys):
+@pytest.fixture(scope="module")
+def imported(data) -> Path:
+    """``data/models/from_release``: the first stage started from the exported file, 0 steps."""
+    from pipeline.pretrain.pretrain import run as pretrain
+
+    file = data / "release" / "uniter-own.pt"
+    pretrain(ft_params(data, *_from_release(data, file)))
+    return file
+
+
+def test_known_answer_path_reimports_the_model_exactly_and_records_the_digest(data, imported, capsys):
     from safetensors.torch import load_file
 
     from pipeline.finetune.finetune import run as finetune
-    from pipeline.pretrain.pretrain import run as pretrain
     from pipeline.pretrain.uniter_ckpt_cli import main
 
-    file = data / "release" / "uniter-own.pt"
+    file = imported
     assert main(["inspect", str(file)]) == 0
     assert f"uniter_checkpoint_sha256: {file_digest(file)}" in capsys.readouterr().out
-    pretrain(ft_params(data, *_from_release(data, file)))
     own, imported = (load_file(str(data / "models" / n / "model.safetensors")) for n in ("own", "from_release"))
     assert sorted(own) == sorted(imported)
     assert all(torch.equal(own[k], imported[k]) for k in own)  # export -> import: the same weights, bit for bit
@@ -79,6 +87,21 @@ def test_known_answer_path_reimports_the_model_exactly_and_records_the_digest(da
     assert main(["export", "--model", str(data / "models" / "from_release"), "--out", str(data / "again.pt")]) == 0
     first, again = (torch.load(p, weights_only=True) for p in (file, data / "again.pt"))
     assert sorted(first) == sorted(again) and all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_vcr_second_stage_starts_from_the_imported_file(data, imported):
+    from safetensors.torch import load_file
+
+    from pipeline.pretrain.pretrain import run_vcr
+
+    run_vcr(ft_params(data, *_from_release(data, imported), "pretrain.vcr.steps=2", "pretrain.vcr.warmup_steps=1"))
+    run = json.loads((data / "models" / "from_release_vcr" / "_run.json").read_text())
+    assert run["input_digests"]["init"] is not None
+    start = load_file(str(data / "models" / "from_release" / "model.safetensors"))
+    vcr = load_file(str(data / "models" / "from_release_vcr" / "model.safetensors"))
+    assert vcr["uniter.embeddings.token_type_embeddings.weight"].shape[0] == 4  # UNITER's VCR segment types
+    moved = [k for k in start if k in vcr and start[k].shape == vcr[k].shape and not torch.equal(start[k], vcr[k])]
+    assert moved  # it trained from that start
 
 
 def _cli(data: Path, *sets: str) -> int:
