@@ -53,11 +53,12 @@ TASK_PRESETS: dict[str, tuple[str, dict[str, float | int]]] = {
 
 def apply_task_presets(raw: dict) -> list[str]:
     """Fill the budget keys of each ``finetune.per_task`` entry that names a ``preset`` where they are
-    null or absent (``raw`` in place); returns a message for each preset name that is not one of its task's."""
+    null or absent, and drop ``preset`` (``raw`` in place: the values it gave are what the run records);
+    returns a message for each preset name that is not one of its task's."""
     per_task = (raw.get("finetune") or {}).get("per_task") if isinstance(raw.get("finetune"), dict) else None
     problems = []
     for task, entry in (per_task.items() if isinstance(per_task, dict) else ()):
-        name = entry.get("preset") if isinstance(entry, dict) else None
+        name = entry.pop("preset", None) if isinstance(entry, dict) else None
         if name is None:
             continue
         owner, values = TASK_PRESETS.get(name, ("", {}))
@@ -83,8 +84,7 @@ class TaskConfig:
     batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
     warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
     # the task head's lr as a multiple of lr, on the same schedule (UNITER's lr_mul); 1: one rate throughout
-    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)
-    preset: str | None = None  # a TASK_PRESETS name: fills the keys above left null or out
+    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)  # the one default here: a --set of a budget may leave it out
 
 
 @dataclass(frozen=True, kw_only=True)
