@@ -80,7 +80,10 @@ def uniter_start(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
     from pipeline.training.uniter_ckpt import read_release
 
     model_cfg, cfg = params.model, params.pretrain
-    release = read_release(model_cfg.uniter_checkpoint, sha256=model_cfg.uniter_checkpoint_sha256)
+    try:
+        release = read_release(model_cfg.uniter_checkpoint, sha256=model_cfg.uniter_checkpoint_sha256)
+    except UniterFormatError as err:
+        raise UniterFormatError(f"model.uniter_checkpoint {err}") from None
     meta = train_dbs[0].meta
     vocab = int(meta["vocab_size"]) + int(meta.get("obj_tags", {}).get("extra_vocab", 0))
     _check_fit(params, release, vocab_size=vocab, tokenizer=str(meta.get("tokenizer", "not recorded")),
@@ -89,7 +92,8 @@ def uniter_start(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
                             wra_weight=cfg.wra_weight if cfg.wra else 0.0, mrc_kl_reduction=cfg.mrc_kl_reduction,
                             wra_words=cfg.wra_words)
     model = UniterForPretraining(spec.config, img_dim=spec.img_dim, num_classes=spec.num_classes, **spec.losses())
-    report = load_uniter_state(model, release.state, needs=needed_heads(params, plan), source=str(release.path))
+    report = load_uniter_state(model, release.state, needs=needed_heads(params, plan),
+                               source=f"model.uniter_checkpoint {release.path}")
     record = {"path": str(release.path), "sha256": release.sha256, "dtypes": list(release.dtypes),
               "shape": release.shape.describe(), "exported_by_this_project": release.notes is not None,
               **report.to_json()}
