@@ -280,14 +280,16 @@ def load_uniter_state(model: nn.Module, ref: Mapping[str, torch.Tensor], *, need
         if key not in own:
             problems.append(f"{_ref_name(key) or key}: unexpected (this model has no {key})")
         elif value.shape != own[key].shape:
-            problems.append(f"{_ref_name(key) or key}: shape {tuple(value.shape)}, the model expects {tuple(own[key].shape)}")
+            problems.append(f"{_ref_name(key) or key}: shape {tuple(value.shape)}, "
+                            f"the model expects {tuple(own[key].shape)}")
         else:
             wanted[key] = value
     skipped = {k for k in own if k.split(".", 1)[0] in report.skipped_heads}
     missing = sorted(set(own) - set(ours) - skipped)
     problems += [f"{_ref_name(k) or k}: missing" for k in missing]
     if problems:
-        raise UniterFormatError(f"{source}: does not fit the model ({len(problems)} problem(s)): " + "; ".join(problems))
+        raise UniterFormatError(f"{source}: does not fit the model ({len(problems)} problem(s)): "
+                                + "; ".join(problems))
     with torch.no_grad():
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())

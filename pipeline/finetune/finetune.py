@@ -149,8 +149,8 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
     meta, state = read_exported(init_dir)
     lacking = [h for h in task.start_heads if not any(k.startswith(f"{h}.") for k in state)]
     if lacking:
-        raise UniterFormatError(f"{init_dir / MODEL_FILE}: {name} starts a head from the pretraining head(s) {lacking}, "
-                                "which the start lacks")
+        raise UniterFormatError(f"{init_dir / MODEL_FILE}: {name} starts a head from the pretraining head(s) "
+                                f"{lacking}, which the start lacks")
     log.info("finetune@%s: starting from %s; pretraining heads %s", name, init_dir, start_heads(task, state))
     img_dim = task.img_dbs.feature_dim
     if int(meta["img_dim"]) != img_dim:
@@ -168,7 +168,8 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
 def start_heads(task: FinetuneTask, state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     """The pretraining heads of the start: those the task starts a head from, and those it skips."""
     heads = sorted({k.split(".", 1)[0] for k in state if not k.startswith("uniter.")})
-    return {"used": [h for h in heads if h in task.start_heads], "skipped": [h for h in heads if h not in task.start_heads]}
+    return {"used": [h for h in heads if h in task.start_heads],
+            "skipped": [h for h in heads if h not in task.start_heads]}
 
 
 def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:

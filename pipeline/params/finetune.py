@@ -84,7 +84,8 @@ class TaskConfig:
     batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
     warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
     # the task head's lr as a multiple of lr, on the same schedule (UNITER's lr_mul); 1: one rate throughout
-    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)  # the one default here: a --set of a budget may leave it out
+    # the one default here: a --set of a whole budget may leave it out
+    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,8 +22,9 @@ DTYPES = ("fp32", "fp16")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline uniter_ckpt",
-                                     description="UNITER release files out of and into the pipeline (docs/real-data.md)")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline uniter_ckpt",
+        description="UNITER release files out of and into the pipeline (docs/real-data.md)")
     sub = parser.add_subparsers(dest="action", required=True)
     export = sub.add_parser("export", help="a pretraining export -> a UNITER release file")
     export.add_argument("--model", type=Path, default=Path("data/models/pretrain"),

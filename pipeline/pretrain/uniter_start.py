@@ -53,7 +53,8 @@ def _check_fit(params: Params, release, *, vocab_size: int, tokenizer: str, img_
     if (shape.hidden_size, shape.num_layers) != (preset.hidden_size, preset.num_layers):
         hint = f": set model.preset={shape.preset}" if shape.preset else ""
         problems.append(f"it is a {shape.preset or 'non-preset'} model ({shape.hidden_size} x {shape.num_layers} "
-                        f"layers), but model.preset is {model.preset} ({preset.hidden_size} x {preset.num_layers}){hint}")
+                        f"layers), but model.preset is {model.preset} ({preset.hidden_size} x "
+                        f"{preset.num_layers}){hint}")
     if shape.vocab_size != vocab_size:
         problems.append(f"its word embeddings have {shape.vocab_size} rows, but the text DBs' tokenizer ({tokenizer}) "
                         f"has {vocab_size} words: build the text DBs with the tokenizer the checkpoint was trained "

@@ -119,7 +119,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, *, lr: float | Non
         head = split and not (name.startswith("uniter.") or ".uniter." in name)
         decay, no_decay = groups[head]
         (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
-    out = [{"params": groups[False][0], "weight_decay": weight_decay}, {"params": groups[False][1], "weight_decay": 0.0}]
+    out = [{"params": groups[False][0], "weight_decay": weight_decay},
+           {"params": groups[False][1], "weight_decay": 0.0}]
     if split:
         if lr is None:
             raise ValueError("param_groups: head_lr_mul needs lr")

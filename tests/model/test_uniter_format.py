@@ -74,7 +74,8 @@ def _reference_state(seed: int) -> dict[str, torch.Tensor]:
     def r(*shape):
         return torch.randn(*shape, generator=g) * 0.3
 
-    s = {"uniter.embeddings.word_embeddings.weight": r(VOCAB, H), "uniter.embeddings.position_embeddings.weight": r(POS, H),
+    s = {"uniter.embeddings.word_embeddings.weight": r(VOCAB, H),
+         "uniter.embeddings.position_embeddings.weight": r(POS, H),
          "uniter.embeddings.token_type_embeddings.weight": r(2, H)}
     for ln in ("uniter.embeddings.LayerNorm", "uniter.img_embeddings.img_layer_norm",
                "uniter.img_embeddings.pos_layer_norm", "uniter.img_embeddings.LayerNorm"):
@@ -125,9 +126,10 @@ def _reference_encoder(s, batch) -> tuple[torch.Tensor, torch.Tensor]:
     # the data loader zeroes a masked region's feature; the model adds mask_embedding[1] to it
     feat = batch["img_feat"].masked_fill(batch["img_masked"][..., None], 0.0)
     feat = feat + s["uniter.img_embeddings.mask_embedding.weight"][batch["img_masked"].long()]
-    img = _ln(_lin(feat, s, "uniter.img_embeddings.img_linear"), s, "uniter.img_embeddings.img_layer_norm") \
-        + _ln(_lin(batch["img_pos"], s, "uniter.img_embeddings.pos_linear"), s, "uniter.img_embeddings.pos_layer_norm") \
-        + types[1]
+    feat_emb = _ln(_lin(feat, s, "uniter.img_embeddings.img_linear"), s, "uniter.img_embeddings.img_layer_norm")
+    box_emb = _ln(_lin(batch["img_pos"], s, "uniter.img_embeddings.pos_linear"), s,
+                  "uniter.img_embeddings.pos_layer_norm")
+    img = feat_emb + box_emb + types[1]
     img = _ln(img, s, "uniter.img_embeddings.LayerNorm")
     x = torch.cat([txt, img], dim=1)
     keep = torch.cat([batch["txt_mask"], batch["img_mask"]], dim=1).float()
@@ -171,7 +173,8 @@ def test_imported_encoder_computes_the_reference_formulas():
     hidden = sequence[0, 1:3]
     with torch.no_grad():
         mlm = F.linear(model.mlm.transform(hidden), model.uniter.embeddings.word_embeddings.weight, model.mlm.bias)
-        t = _ln(F.gelu(_lin(hidden, ref, "cls.predictions.transform.dense")), ref, "cls.predictions.transform.LayerNorm")
+        t = _ln(F.gelu(_lin(hidden, ref, "cls.predictions.transform.dense")), ref,
+                "cls.predictions.transform.LayerNorm")
         assert torch.allclose(mlm, t @ ref["cls.predictions.decoder.weight"].T + ref["cls.predictions.bias"], atol=1e-5)
         mrc = model.mrc.classifier(model.mrc.transform(hidden))
         t = _ln(F.gelu(_lin(hidden, ref, "region_classifier.net.0")), ref, "region_classifier.net.2")
@@ -261,5 +264,6 @@ def test_from_uniter_fuses_qkv_in_query_key_value_order():
     assert problems == []
     qkv = ours["uniter.encoder.layers.1.attention.qkv.weight"]
     assert torch.equal(qkv[H:2 * H], ref["uniter.encoder.layer.1.attention.self.key.weight"])
-    assert torch.equal(ours["uniter.img_embeddings.mask_embedding"], ref["uniter.img_embeddings.mask_embedding.weight"][1:])
+    mask = ref["uniter.img_embeddings.mask_embedding.weight"]
+    assert torch.equal(ours["uniter.img_embeddings.mask_embedding"], mask[1:])
     assert "cls.predictions.decoder.weight" not in ours and "feat_regress.weight" not in ours

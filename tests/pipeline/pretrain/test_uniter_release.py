@@ -32,7 +32,8 @@ def data(tmp_path_factory) -> Path:
 
     data = world(tmp_path_factory)
     run(ft_params(data, *PRETRAIN, "pretrain.steps=4", "pretrain.out_name=own"))
-    assert main(["export", "--model", str(data / "models" / "own"), "--out", str(data / "release" / "uniter-own.pt")]) == 0
+    out = data / "release" / "uniter-own.pt"
+    assert main(["export", "--model", str(data / "models" / "own"), "--out", str(out)]) == 0
     return data
 
 
