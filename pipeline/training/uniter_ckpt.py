@@ -139,8 +139,6 @@ def export_notes(meta: Mapping[str, Any]) -> list[str]:
     if tokenizer.get("vocab_size") not in (None, REFERENCE_VOCAB) or cfg["vocab_size"] != REFERENCE_VOCAB:
         notes.append(f"vocabulary {cfg['vocab_size']} ({tokenizer.get('tokenizer', 'tokenizer not recorded')}): "
                      f"UNITER's text DBs use bert-base-cased ({REFERENCE_VOCAB} words)")
-    if meta.get("wra_weight", 0) == 0:
-        notes.append("trained without WRA (it has no weights; nothing in the file differs)")
     return notes
 
 
