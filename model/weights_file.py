@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UnsafeCheckpointError", "load_plain_torch"]
+__all__ = ["UniterFormatError", "UnsafeCheckpointError", "load_plain_torch"]
 
 # what torch's weights-only unpickler names when it refuses: "GLOBAL posix.system", "operand 149"
 _GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
@@ -23,6 +23,12 @@ _OPERAND_RE = re.compile(r"Unsupported operand (\d+)")
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """A weights file holds pickled Python objects beyond tensors and plain containers; not loaded."""
+
+
+class UniterFormatError(ValueError):
+    """A checkpoint does not fit the UNITER format or the run it is loaded into (names what and why).
+
+    Defined here, without torch, so that the CLI can catch it cheaply (model/uniter_format.py)."""
 
 
 def _refused(path: Path | str, torch_message: str) -> UnsafeCheckpointError:

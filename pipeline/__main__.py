@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from model.weights_file import UnsafeCheckpointError
+    from model.weights_file import UniterFormatError, UnsafeCheckpointError
     from pipeline.ingest.errors import DownloadError
     from pipeline.params.pretrain import PRETRAIN_OUTPUTS
     from pipeline.common.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return BUSY_EXIT
-    except (SourceFormatError, UnsafeCheckpointError) as err:  # an input file to replace: no traceback
+    except (SourceFormatError, UnsafeCheckpointError, UniterFormatError) as err:  # an input file to replace: no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     except (ForeignDirectoryError, DiskFullError, DownloadError) as err:  # the machine's state: say what to fix

@@ -56,6 +56,8 @@ TOOLS: dict[str, Stage] = {
               "one task fine-tuned under other seeds beside the run: `seeds vcr --seeds 1 2 3`"),
         Stage("budgets", "pipeline.finetune.budget_sweep:main",
               "one task's fine-tuning budget chosen on its dev split: `budgets vcr --steps 150 300 600`"),
+        Stage("uniter_ckpt", "pipeline.pretrain.uniter_ckpt_cli:main",
+              "UNITER release files: `uniter_ckpt export --out F.pt`, `uniter_ckpt inspect F.pt`"),
     )
 }
 

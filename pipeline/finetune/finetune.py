@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from model.config import UniterConfig
+from model.weights_file import UniterFormatError
 from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
@@ -146,6 +147,11 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
     task.open()
     init_dir = data / "models" / output_name(task.init_stage, params.pretrain.out_name)
     meta, state = read_exported(init_dir)
+    lacking = [h for h in task.start_heads if not any(k.startswith(f"{h}.") for k in state)]
+    if lacking:
+        raise UniterFormatError(f"{init_dir / MODEL_FILE}: {name} starts a head from the pretraining head(s) "
+                                f"{lacking}, which the start lacks")
+    log.info("finetune@%s: starting from %s; pretraining heads %s", name, init_dir, start_heads(task, state))
     img_dim = task.img_dbs.feature_dim
     if int(meta["img_dim"]) != img_dim:
         raise ValueError(f"{init_dir / CONFIG_FILE}: img_dim {meta['img_dim']}, but {name}'s image DBs have {img_dim}")
@@ -157,6 +163,13 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
     inputs.update({n: db_fingerprint(task.ctx.img_root / n) for n in sorted(task.img_dbs.dbs)})
     return TaskSetup(task=task, init_dir=init_dir, meta=meta, state=state, config=config, img_dim=img_dim,
                      inputs=inputs, work_root=data / "checkpoints" / "finetune" / name)
+
+
+def start_heads(task: FinetuneTask, state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """The pretraining heads of the start: those the task starts a head from, and those it skips."""
+    heads = sorted({k.split(".", 1)[0] for k in state if not k.startswith("uniter.")})
+    return {"used": [h for h in heads if h in task.start_heads],
+            "skipped": [h for h in heads if h not in task.start_heads]}
 
 
 def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
@@ -325,6 +338,9 @@ def write_outputs(params: Params, setup: TaskSetup, result: TaskResult) -> None:
     for db_name in task.text_dbs():
         run.inputs[db_name] = task.ctx.txt_root / db_name
     run.inputs["init"] = setup.init_dir / MODEL_FILE
+    if "uniter_checkpoint" in setup.meta:  # the start came from a UNITER release file: which one
+        run.extra["uniter_checkpoint"] = setup.meta["uniter_checkpoint"]
+    run.extra["start_heads"] = start_heads(task, setup.state)
     run.counts = {"steps": task.ctx.task_cfg.steps,
                   "train_examples": {s: len(task.train_dataset(s)) for s in task.streams},
                   "resumed_from_step": {i: o.resumed_from_step for i, o in outcomes.items()},

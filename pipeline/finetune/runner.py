@@ -134,7 +134,7 @@ def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
                        steps=tcfg.steps, lr=tcfg.lr, warmup_steps=tcfg.warmup_steps, grad_clip=cfg.grad_clip,
                        betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, zero_stage=cfg.zero_stage,
                        keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
-                       checkpoint_every=cfg.checkpoint_every)
+                       checkpoint_every=cfg.checkpoint_every, head_lr_mul=tcfg.head_lr_mul)
 
 
 def _held_out(task: FinetuneTask, *, seed: int) -> dict[str, list[dict[str, Any]]]:

@@ -38,6 +38,40 @@ TASK_SPLITS: dict[str, TaskSplits] = {
 }
 
 
+# Named budgets of the reference's fine-tuning configs: ``finetune.per_task.<task>: {preset: NAME}``
+# fills every budget key the entry leaves null or out (an explicit value wins, as with pretrain.recipe).
+# uniter_vqa_base: ChenRocks/UNITER config/train-vqa-base-4gpu.json (num_train_steps 6000, learning_rate
+# 8e-5, warmup_steps 600 then linear decay to 0; train_batch_size 5120 padded tokens a GPU x 4 GPUs x
+# gradient_accumulation_steps 5 = 102,400 tokens an optimizer step, here one micro batch on one rank).
+# Its other choices are this section's defaults (betas, weight_decay 0.01, grad_clip 2.0, model.dropout
+# 0.1); lr_mul 10 is head_lr_mul. What still differs is in docs/real-data.md.
+TASK_PRESETS: dict[str, tuple[str, dict[str, float | int]]] = {
+    "uniter_vqa_base": ("vqa", {"steps": 6000, "lr": 8e-5, "batch_tokens": 102_400, "warmup_steps": 600,
+                                "head_lr_mul": 10.0}),
+}
+
+
+def apply_task_presets(raw: dict) -> list[str]:
+    """Fill the budget keys of each ``finetune.per_task`` entry that names a ``preset`` where they are
+    null or absent, and drop ``preset`` (``raw`` in place: the values it gave are what the run records);
+    returns a message for each preset name that is not one of its task's."""
+    per_task = (raw.get("finetune") or {}).get("per_task") if isinstance(raw.get("finetune"), dict) else None
+    problems = []
+    for task, entry in (per_task.items() if isinstance(per_task, dict) else ()):
+        name = entry.pop("preset", None) if isinstance(entry, dict) else None
+        if name is None:
+            continue
+        owner, values = TASK_PRESETS.get(name, ("", {}))
+        if owner != task:
+            known = [n for n, (t, _) in TASK_PRESETS.items() if t == task]
+            problems.append(f"finetune.per_task.{task}.preset: {name!r} is not a preset of {task} (those: {known})")
+            continue
+        for key, value in values.items():
+            if entry.get(key) is None:
+                entry[key] = value
+    return problems
+
+
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """One task's budget. No defaults: each task's values live in params.yaml only (a default here
@@ -49,6 +83,9 @@ class TaskConfig:
     # training micro batch: padded text tokens + regions, all rows of an example
     batch_tokens: int = bounded(MISSING, 1, MAX_TOKENS)
     warmup_steps: int = bounded(MISSING, 0, MAX_STEPS)  # linear warmup, then linear decay to 0 at the last step
+    # the task head's lr as a multiple of lr, on the same schedule (UNITER's lr_mul); 1: one rate throughout
+    # the one default here: a --set of a whole budget may leave it out
+    head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pipeline.params.checks import MAX_COUNT, bounded, must_exist
+import re
+
+from pipeline.params.checks import MAX_COUNT, bounded, checked, must_exist
 from pipeline.params.pretrain import recipe_default
 
 
@@ -35,3 +37,23 @@ class ModelConfig:
     # (BERT's N(0, 0.02) init: the shipped MiniLM's pooler was never trained); default: pretrain.recipe's (both: checkpoint)
     pooler_start: Literal["checkpoint", "fresh"] = recipe_default("model.pooler_start")
     region_init_images: int = bounded(400, 1, MAX_COUNT)  # images sampled for that fit
+    # a UNITER release file (uniter-base.pt, or one `uniter_ckpt export` wrote): the first pretraining
+    # stage starts from it instead of BERT (pipeline/pretrain/uniter_start.py); null: BERT
+    uniter_checkpoint: Path | None = must_exist(None)
+    # its sha256 (`python -m pipeline uniter_ckpt inspect FILE` prints it): DVC reruns on a new value,
+    # the stage refuses a file that no longer has it
+    uniter_checkpoint_sha256: str | None = None
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Keys of this section that are wrong, as (key, message); the parser raises on them."""
+        digest = self.uniter_checkpoint_sha256
+        problem = None
+        if digest is not None and not _SHA256.fullmatch(digest):
+            problem = f"must be 64 hex digits, got {digest!r}"
+        elif self.uniter_checkpoint is not None and digest is None:
+            problem = (f"pin model.uniter_checkpoint ({self.uniter_checkpoint}) to its sha256 "
+                       "(`python -m pipeline uniter_ckpt inspect FILE` prints it)")
+        return checked(uniter_checkpoint_sha256=problem)
+
+
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")

@@ -34,7 +34,7 @@ from pipeline.params.checks import MAX_SEED, Range, must_exist, range_problems  
 from pipeline.params.dbs import BuildDbsConfig
 from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_splits, eval_split_origins
 from pipeline.params.extract import ExtractConfig
-from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig
+from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, apply_task_presets
 from pipeline.params.ingest import IngestConfig
 from pipeline.params.inputs import missing_paths, source_needs, unread_inputs
 from pipeline.params.model import ModelConfig
@@ -89,7 +89,10 @@ class Params:
     def problems(self) -> list[tuple[str, str]]:
         """Top-level keys that are wrong, as (key, message); the parser raises on them."""
         message = Range(0, MAX_SEED).problem(self.seed)
-        return ([("seed", message)] if message else []) + self._scored_split_problems()
+        out = ([("seed", message)] if message else []) + self._scored_split_problems()
+        if self.pretrain.steps == 0 and self.model.uniter_checkpoint is None:  # nothing to start from but BERT
+            out.append(("pretrain.steps", "0 (no training) needs model.uniter_checkpoint, the model to export as is"))
+        return out
 
     def _scored_split_problems(self) -> list[tuple[str, str]]:
         """A task whose scored splits decontamination cannot see (dataset not ingested) is refused:
@@ -294,6 +297,9 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
     first (``params.pretrain.apply_recipe``; ``raw`` itself is not changed)."""
     if isinstance(raw, Mapping):
         raw = apply_recipe(copy.deepcopy(dict(raw)))
+        preset_problems = apply_task_presets(raw)  # named fine-tuning budgets (params.finetune.TASK_PRESETS)
+        if preset_problems:
+            raise ParamsError(f"{source}: " + "; ".join(preset_problems))
     try:
         params = _parse_dataclass(Params, raw, "")
     except ParamsError as err:

@@ -171,7 +171,7 @@ class VcrStageConfig:
 class PretrainConfig:
     # uniter | project: the defaults of the keys in RECIPE_DEFAULTS (apply_recipe fills them at parse time)
     recipe: Literal["uniter", "project"] = DEFAULT_RECIPE
-    steps: int = bounded(700, 1, MAX_STEPS)  # optimizer steps
+    steps: int = bounded(700, 0, MAX_STEPS)  # optimizer steps; 0: only with model.uniter_checkpoint (export it as is)
     # one task per optimizer step, drawn with these weights; 0 removes a task (ablation)
     mix_ratio: Mapping[str, float] = field(
         default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 0.0, "mrc_kl": 1.0, "itm": 2.0}
@@ -226,7 +226,7 @@ class PretrainConfig:
         Only tasks ``mix_ratio`` has on stay in it (it orders the mix's tasks, never adds one), so a
         task-subset ablation without ITM has no ITM-first phase either."""
         mix = {t: r for t, r in self.first_phase_mix.items() if r > 0 and self.mix_ratio.get(t, 0) > 0}
-        return (mix, self.first_phase_steps) if mix and self.first_phase_steps else ({}, 0)
+        return (mix, self.first_phase_steps) if mix and self.first_phase_steps and self.steps else ({}, 0)
 
     def dataset_names(self) -> tuple[str, ...]:
         """The pretraining datasets ``datasets`` draws from (``indomain`` -> coco, vg)."""
@@ -261,7 +261,7 @@ class PretrainConfig:
                       zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
                       mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
                       first_phase_mix=first_mix, dataset_ratio=self._dataset_ratio_problem())
-        if not out and self.first_phase()[1] > self.steps:
+        if not out and self.steps and self.first_phase()[1] > self.steps:
             out.append(("first_phase_steps", f"{self.first_phase_steps} is more than pretrain.steps ({self.steps}); "
                                              "lower it, or set it to 0 for no first phase"))
         return out

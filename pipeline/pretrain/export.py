@@ -34,6 +34,7 @@ class Trained:
     schedule: TaskSchedule
     streams: Mapping[str, Any]
     region_fit: Any  # the region projection's fit report (None: not fitted here)
+    uniter_checkpoint: dict[str, Any] | None = None  # the release file it started from (uniter_start)
 
 
 
@@ -96,6 +97,10 @@ def _run_record(params: Params, plan: StagePlan, run: Trained, digests: list[Any
                      "train_examples": {t: len(s.dataset) for t, s in run.streams.items()},
                      "parameters": sum(p.numel() for p in run.engine.module.parameters()),
                      "region_init": (run.region_fit or params.model.region_init) if plan.init_from is None else None}
+    if run.uniter_checkpoint is not None:
+        record.counts["region_init"] = None  # the file's projection
+        record.inputs["uniter_checkpoint"] = params.model.uniter_checkpoint
+        record.extra["uniter_checkpoint"] = run.uniter_checkpoint
     record.extra["outputs"] = {"metrics": str(plan.metrics_dir)}
     return record
 
@@ -119,8 +124,9 @@ def export(params: Params, plan: StagePlan, trainer: Trainer, run: Trained, star
         record = _run_record(params, plan, run, digests, dist.world_size)
         with atomic_dir(plan.out_dir, stage=plan.stage) as tmp:
             save_safetensors(state, tmp / MODEL_FILE)
+            start = {"uniter_checkpoint": run.uniter_checkpoint} if run.uniter_checkpoint else {}
             atomic_write_json(tmp / CONFIG_FILE, model_json(run.spec, run.txt_meta, stage=plan.stage,
-                                                            steps=plan.steps))
+                                                            steps=plan.steps, **start))
             atomic_write_json(tmp / "eval.json", report)
             record.extra["timings_s"] = {**run.loop.timings_s, "export": round(time.time() - export_start, 3)}
             record.write(tmp)

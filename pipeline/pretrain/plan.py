@@ -121,12 +121,16 @@ def check_params(params: Params, plan: StagePlan) -> None:
         if not any(r > 0 for r in cfg.first_phase_mix.values()):
             raise ValueError("pretrain.first_phase_mix: at least one task needs a ratio > 0")
     checks = [
-        (plan.steps >= 1, "steps must be >= 1"), (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
+        (plan.steps >= 1 or (first and params.model.uniter_checkpoint is not None),
+         "steps must be >= 1 (0 only for the first stage with model.uniter_checkpoint)"),
+        (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
         (cfg.optim.grad_accum >= 1, "pretrain.optim.grad_accum must be >= 1"),
         # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
         # empty"), even with the borrowed decoder weights registered as external parameters
         (cfg.zero_stage in (0, 1, 2), "pretrain.zero_stage must be 0, 1 or 2 (ZeRO-3 is not supported)"),
         (cfg.world_size >= 1, "pretrain.world_size must be >= 1"),
+        # the export of a run that saved no checkpoint comes from the module itself
+        (plan.steps >= 1 or cfg.zero_stage == 0, "pretrain.steps 0 needs pretrain.zero_stage 0"),
         (cfg.keep_checkpoints >= 1, "pretrain.keep_checkpoints must be >= 1"),
         (cfg.log_every >= 1, "pretrain.log_every must be >= 1"),
         (min(cfg.val_every, cfg.checkpoint_every, cfg.val_batches, cfg.num_workers) >= 0,

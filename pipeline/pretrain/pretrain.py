@@ -66,8 +66,13 @@ def _run(params: Params, plan: StagePlan) -> None:
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
-        train_rank(params, plan)
+        train_rank(params, plan)  # a release file is checked there, before the rank writes anything
         return
+    if _from_release(params, plan):  # checked here once, so that a bad file stops before any rank starts
+        from pipeline.pretrain.inputs import open_sources
+        from pipeline.pretrain.uniter_start import uniter_start
+
+        uniter_start(params, plan, *open_sources(plan.train_sources, plan.img_root))
     # Every rank re-reads exactly these params (written beside, not inside, the checkpoint dir,
     # which rank 0 may clear while slower ranks are still starting).
     params_file = plan.ckpt_dir.parent / f"{plan.name}.launch_params.yaml"
@@ -77,11 +82,18 @@ def _run(params: Params, plan: StagePlan) -> None:
     params_file.unlink(missing_ok=True)
 
 
+def _from_release(params: Params, plan: StagePlan) -> bool:
+    """Whether this stage starts from ``model.uniter_checkpoint`` (the first stage only)."""
+    return plan.init_from is None and params.model.uniter_checkpoint is not None
+
+
 def _fingerprint(params: Params, plan: StagePlan, world_size: int, img_names: list[str]) -> dict[str, Any]:
     inputs = {str(s.path): db_fingerprint(s.path) for s in plan.train_sources}
     inputs.update({n: db_fingerprint(plan.img_root / n) for n in img_names})
     if plan.init_from is not None:
         inputs["init"] = file_digest(plan.init_from / "model.safetensors")
+    if _from_release(params, plan):
+        inputs["uniter_checkpoint"] = file_digest(params.model.uniter_checkpoint)
     return {"stage": plan.stage, "params": params.section_digest("seed", "model", "pretrain"),
             "world_size": world_size, "inputs": inputs}
 
@@ -136,7 +148,14 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         precision = resolve_precision(cfg.precision, device)
         train_dbs, img_dbs = open_sources(plan.train_sources, plan.img_root)
         val_dbs, val_img_dbs = open_sources(plan.val_sources, plan.img_root)
-        model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
+        if _from_release(params, plan):  # no BERT, no region fit: the file has every weight
+            from pipeline.pretrain.uniter_start import uniter_start
+
+            start = uniter_start(params, plan, train_dbs, img_dbs)
+            model, spec, region_fit, release = start.model, start.spec, None, start.record
+        else:
+            model, spec, region_fit = _build_model(params, plan, train_dbs, img_dbs)
+            release = None
         schedule = TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
                                 first_phase_steps=plan.first_phase_steps, dataset_ratio=plan.dataset_ratio)
         streams = train_streams(train_dbs, img_dbs, schedule.streams, seed=params.seed, masking=plan.masking,
@@ -163,7 +182,7 @@ def train_rank(params: Params, plan: StagePlan) -> None:
         export(params, plan, trainer, Trained(engine=engine, spec=spec, txt_meta=train_dbs[0].meta, loop=loop,
                                                baseline=baseline, final=final, text_only=text_only,
                                                held_out=final_val, schedule=schedule, streams=streams,
-                                               region_fit=region_fit), started)
+                                               region_fit=region_fit, uniter_checkpoint=release), started)
 
 
 def _final_eval(trainer: Trainer, engine, val: Mapping[str, list[dict[str, Any]]]):

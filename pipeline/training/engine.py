@@ -40,6 +40,7 @@ class EngineSettings:
     total_steps: int
     # more DeepSpeed config, merged over the generated one (pretrain.deepspeed; checked at parse time)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    head_lr_mul: float = 1.0  # the lr of parameters outside the encoder, as a multiple of lr (param_groups)
 
 
 def resolve_device(device: str, local_rank: int) -> torch.device:
@@ -102,14 +103,30 @@ def merge_config(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay matrices, never biases or LayerNorm weights (BERT's convention)."""
-    decay, no_decay = [], []
+def param_groups(model: torch.nn.Module, weight_decay: float, *, lr: float | None = None,
+                 head_lr_mul: float = 1.0) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices, never biases or LayerNorm weights (BERT's convention).
+
+    ``head_lr_mul`` != 1: every parameter outside the encoder (a ``uniter.`` module) gets two
+    groups of its own, after the encoder's, at ``lr * head_lr_mul`` (UNITER's ``lr_mul``: its
+    fine-tuning scripts train the new task head at 10x the encoder's rate, on the same schedule).
+    """
+    groups: dict[bool, tuple[list, list]] = {False: ([], []), True: ([], [])}
+    split = head_lr_mul != 1.0
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
+        head = split and not (name.startswith("uniter.") or ".uniter." in name)
+        decay, no_decay = groups[head]
         (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    out = [{"params": groups[False][0], "weight_decay": weight_decay},
+           {"params": groups[False][1], "weight_decay": 0.0}]
+    if split:
+        if lr is None:
+            raise ValueError("param_groups: head_lr_mul needs lr")
+        out += [{"params": groups[True][0], "weight_decay": weight_decay, "lr": lr * head_lr_mul},
+                {"params": groups[True][1], "weight_decay": 0.0, "lr": lr * head_lr_mul}]
+    return out
 
 
 def warmup_linear_decay(warmup_steps: int, total_steps: int):
@@ -157,7 +174,8 @@ def initialize(model: torch.nn.Module, s: EngineSettings):
     # the fused kernel on CUDA and on the CPU alike: torch's CPU default is a per-tensor Python loop;
     # fused is one vectorized pass, 98 vs 20 ms a step for the `small` model with one thread
     # (docs/decisions.md#fused-adamw), and differs from the multi-tensor path in the last bits
-    optimizer = torch.optim.AdamW(param_groups(model, s.weight_decay), lr=s.lr, betas=tuple(s.betas),
+    optimizer = torch.optim.AdamW(param_groups(model, s.weight_decay, lr=s.lr, head_lr_mul=s.head_lr_mul),
+                                  lr=s.lr, betas=tuple(s.betas),
                                   eps=1e-6, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(s.warmup_steps, s.total_steps))
     try:

@@ -50,6 +50,7 @@ class RunSettings:
     grad_accum: int = 1
     first_phase_dropout: float | None = None  # dropout in the schedule's first phase; None: the model's
     deepspeed: Mapping[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
+    head_lr_mul: float = 1.0  # fine-tuning: the task head's lr as a multiple of lr (UNITER's lr_mul)
 
 
 class Trainer:
@@ -77,7 +78,8 @@ class Trainer:
         return initialize(module, EngineSettings(
             device=self.device, precision=self.precision, world_size=self.dist.world_size,
             zero_stage=s.zero_stage, grad_accum=s.grad_accum, grad_clip=s.grad_clip, lr=s.lr, betas=s.betas,
-            weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps, extra=s.deepspeed))
+            weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps, extra=s.deepspeed,
+            head_lr_mul=s.head_lr_mul))
 
     def fit(self, engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             val_batches: Mapping[str, Sequence[dict[str, Any]]]) -> LoopResult:

@@ -72,6 +72,8 @@ class FinetuneTask:
             schedule of equal ratios (VCR: Q→A and QA→R; retrieval: text→image and image→text).
         headline: ``(label, metric)`` pairs of the results table; the label's ``{split}`` names the
             split reported (:attr:`summary`).
+        start_heads: pretraining heads (``UniterForPretraining`` attributes) the task starts a head
+            from; the start's other heads are skipped (``_run.json`` ``start_heads``).
 
     Splits come from ``pipeline.params.finetune.TASK_SPLITS``: every task scores its dev split(s),
     where choices are made, and its test split(s), which are only reported. Several test splits
@@ -83,6 +85,7 @@ class FinetuneTask:
     streams: tuple[str, ...] = ()
     headline: tuple[tuple[str, str], ...] = ()
     has_zero_shot: bool = False
+    start_heads: tuple[str, ...] = ()
 
     def __init__(self, ctx: TaskContext) -> None:
         self.ctx = ctx

@@ -39,6 +39,7 @@ class RetrievalTask(FinetuneTask):
     streams = ("t2i", "i2t")
     headline = (("Flickr {split} IR R@1", "ir_r1"), ("Flickr {split} TR R@1", "tr_r1"))
     has_zero_shot = True
+    start_heads = ("itm",)  # the scorer starts from the ITM classifier (load_pretrained)
     db_prefix = "retrieval_flickr"
 
     def text_dbs(self) -> list[str]:

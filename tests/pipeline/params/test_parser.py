@@ -43,8 +43,8 @@ def test_every_key_in_params_yaml_round_trips():
     [
         ("pretrain.stpes=3", "unknown key pretrain.stpes (did you mean 'pretrain.steps'?)"),
         ("extract.train.lrr=0.1", "unknown key extract.train.lrr"),
-        ("pretrain.steps=ten", "pretrain.steps: must be an integer in [1, 10000000], got 'ten'"),
-        ("pretrain.steps=true", "pretrain.steps: must be an integer in [1, 10000000], got True"),
+        ("pretrain.steps=ten", "pretrain.steps: must be an integer in [0, 10000000], got 'ten'"),
+        ("pretrain.steps=true", "pretrain.steps: must be an integer in [0, 10000000], got True"),
         ("pretrain.optim.betas=[0.9, true]", "pretrain.optim.betas[1]: expected a number, got True"),
         ("pretrain.masking=random", "pretrain.masking: expected one of ['conditional', 'joint']"),
         ("pretrain.optim.betas=[0.9]", "pretrain.optim.betas: expected 2 items"),
@@ -53,7 +53,7 @@ def test_every_key_in_params_yaml_round_trips():
         ("world=moon", "world: expected one of ['mini', 'real']"),
         ("pretrain.steps=50", "pretrain.first_phase_steps: 100 is more than pretrain.steps (50)"),
         ("pretrain.first_phase_steps=-1", "pretrain.first_phase_steps: must be an integer in [0, 10000000], got -1"),
-        ("pretrain.steps=0", "pretrain.steps: must be an integer in [1, 10000000], got 0"),
+        ("pretrain.steps=0", "pretrain.steps: 0 (no training) needs model.uniter_checkpoint"),
         ("pretrain.mask_prob=2.0", "pretrain.mask_prob: must be a finite number in (0, 1), got 2.0"),
         ("pretrain.optim.lr=.nan", "pretrain.optim.lr: must be a finite number in (0, 1], got nan"),
         ("pretrain.mix_ratio={mlm: .inf}", "pretrain.mix_ratio.mlm: expected a finite number, got inf"),
@@ -195,7 +195,7 @@ def test_out_of_range_values_are_refused_naming_the_key(overrides, key):
 def test_a_bad_steps_is_blamed_on_steps_not_on_the_first_phase():
     with pytest.raises(ParamsError) as err:
         load_params(PARAMS, ["pretrain.first_phase_steps=0", "pretrain.steps=-5"])
-    assert "pretrain.steps: must be an integer in [1, 10000000], got -5" in str(err.value)
+    assert "pretrain.steps: must be an integer in [0, 10000000], got -5" in str(err.value)
     assert "first_phase_steps" not in str(err.value)
 
 
@@ -237,7 +237,7 @@ def test_cli_out_of_range_value_exits_2_before_any_work(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline", "pretrain", "--set", "pretrain.steps=0",
                           "--set", f"paths.data={tmp_path}/data"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
-    assert "pretrain.steps: must be an integer in [1, 10000000], got 0" in out.stderr
+    assert "pretrain.steps: 0 (no training) needs model.uniter_checkpoint" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "data").exists()
 
 

@@ -56,6 +56,23 @@ def test_no_weight_decay_on_biases_and_norms():
     assert len(no_decay["params"]) == 3
 
 
+def test_head_lr_mul_gives_the_parameters_outside_the_encoder_their_own_rate():
+    model = torch.nn.Module()
+    model.uniter = torch.nn.Linear(3, 4)  # the encoder (FinetuneModule: model.uniter.*)
+    model.head = torch.nn.Linear(4, 2)
+    assert len(param_groups(model, 0.01, lr=1e-4)) == 2  # one rate: BERT's two groups, as before
+    enc_decay, enc_no_decay, head_decay, head_no_decay = param_groups(model, 0.01, lr=1e-4, head_lr_mul=10.0)
+    assert "lr" not in enc_decay and enc_decay["params"] == [model.uniter.weight]
+    assert enc_no_decay["params"] == [model.uniter.bias]
+    assert head_decay["lr"] == head_no_decay["lr"] == pytest.approx(1e-3)
+    assert head_decay["params"] == [model.head.weight] and head_no_decay["params"] == [model.head.bias]
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01, lr=1e-4, head_lr_mul=10.0), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(2, 10))
+    optimizer.step()
+    scheduler.step()  # the same schedule scales both rates
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([1e-4, 1e-4, 1e-3, 1e-3])
+
+
 def test_extra_deepspeed_config_is_merged_over_the_generated_one():
     extra = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "flops_profiler": {"enabled": True}}
     cfg = deepspeed_config(settings(extra=extra))
