@@ -108,9 +108,11 @@ def finetune_seed(params: Params) -> int:
 
 def task_digest(params: Params, name: str) -> str:
     """sha256 of what one task's training depends on: seed, model, the shared finetune keys and its budget."""
-    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task")}
+    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task", "scratch_per_task")}
     payload = {"seed": finetune_seed(params), "model": to_dict(params.model), "finetune": shared,
                "task": to_dict(params.finetune.per_task[name])}
+    if name in params.finetune.scratch_per_task:  # the scratch start's own budget (absent: per_task's)
+        payload["scratch_task"] = to_dict(params.finetune.scratch_per_task[name])
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -174,6 +176,7 @@ def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
         {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
          "region_init_images": region_init_images}
     return RunPlan(init=init, work_dir=setup.work_root / init, config=setup.config,  # type: ignore[arg-type]
+                   budget=cfg.budget(name, init),
                    img_dim=setup.img_dim, init_state=setup.state if init == "pretrained" else None,
                    scratch_init=cfg.scratch_init, bert_checkpoint=params.model.bert_checkpoint,
                    region_init_images=region_init_images,
@@ -282,6 +285,9 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
             entry["gain_interval"] = intervals[key]
     record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
                               "chance": dict(sorted(chance.items()))}
+    scratch_steps = task.ctx.cfg.budget(task.name, "scratch").steps
+    if "scratch" in outcomes and scratch_steps != task.ctx.task_cfg.steps:
+        record["scratch_steps"] = scratch_steps  # its own budget (finetune.scratch_per_task)
     if intervals:
         record["gain_intervals"] = intervals  # dev too: how large a split must be is measured there, not on test
     references = task.references()
