@@ -38,6 +38,7 @@ from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.finetune.guard import DIVERGED_EXIT, DivergedError
 from pipeline.finetune.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
@@ -227,6 +228,10 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
         child.start()
     for child in children.values():
         child.join()
+    diverged = [init for init, child in children.items() if child.exitcode == DIVERGED_EXIT]
+    if diverged:
+        raise DivergedError(f"finetune@{name}: the {' and '.join(diverged)} start diverged (the step and its dev "
+                            "scores are logged above; finetune.divergence_guard); the run is not reported")
     failed = [f"{init} (exit status {child.exitcode})" for init, child in children.items() if child.exitcode != 0]
     if failed:
         raise RuntimeError(f"finetune@{name}: the training process of the {', '.join(failed)} start failed; "
@@ -237,7 +242,11 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
 def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
     """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
     start_cpu_child(f"[{init}]", threads)
-    train_start_on_cpu(params, name, init, precision=precision)
+    try:
+        train_start_on_cpu(params, name, init, precision=precision)
+    except DivergedError as err:  # said once, without a traceback; the parent names the start again
+        log.error("%s", err)
+        exit_now(DIVERGED_EXIT)
     exit_now(0)  # the result is on disk: skip finalizing torch & co., which the parent would wait for
 
 

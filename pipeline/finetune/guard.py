@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from pipeline.common.runinfo import atomic_write_json
 from pipeline.params.finetune import DivergenceGuardConfig
 
 log = logging.getLogger(__name__)
 
 GUARD_FILE = "guard.json"
+DIVERGED_EXIT = 4  # a start's training process that diverged (its parent raises DivergedError for it)
 MIN_Z = 3.0  # a peak counts as "well above chance" only this many standard errors above it
 
 
@@ -80,6 +79,8 @@ class DivergenceGuard:
     def after_step(self, step: int) -> None:
         if step not in self.steps:
             return
+        import torch  # here: the CLI imports this module for DivergedError before it needs torch
+
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             value, se = self.score()
         self.history.append((step, float(value), float(se)))
