@@ -57,7 +57,7 @@ class DivergenceGuardConfig:
     above chance and ends keeping at most ``kept`` of that margin *diverged*; the stage then fails
     naming the task, the start and the step (``pipeline.finetune.guard``)."""
 
-    checks: int = bounded(3, 0, 1000)  # dev evaluations spread over each run, besides the final one; 0: no guard
+    checks: int = bounded(2, 0, 1000)  # dev evaluations spread over each run, besides the final one; 0: no guard
     above_chance: float = bounded(10.0, 0, 100, lo_open=True)  # dev points above chance that count as learned
     kept: float = bounded(0.25, 0, 1, hi_open=True)  # share of that margin at most left at the end: diverged
 

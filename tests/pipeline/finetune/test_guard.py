@@ -62,6 +62,7 @@ class _Run:
 
 
 def _guard(run: _Run, tmp_path: Path, **cfg) -> DivergenceGuard:
+    cfg = {"checks": 3, **cfg}
     return DivergenceGuard(DivergenceGuardConfig(**cfg), task="refcoco_plus", init="pretrained",
                            total_steps=run.steps, chance=CHANCE, score=run.score, work_dir=tmp_path)
 
