@@ -139,3 +139,30 @@ def test_bad_guard_params_fail_at_parse_time(override, message):
 def test_the_default_guard_is_on():
     cfg = load_params(PARAMS, check_paths=False).finetune.divergence_guard
     assert cfg.checks > 0 and 0 < cfg.kept < 1 and cfg.above_chance > 0
+
+
+@pytest.mark.stage
+def test_the_guard_checks_dev_and_leaves_training_unchanged(tmp_path_factory, monkeypatch):
+    """The real stage with the guard's two dev checks and without any: the checks are made (steps 1
+    and 2 of 3) and the trained weights are the same, bit for bit."""
+    from safetensors.torch import load_file
+
+    from helpers.finetune_world import budget, ft_params, world
+    from pipeline.finetune.finetune import run
+
+    checked: list[int] = []
+    after_step = DivergenceGuard.after_step
+
+    def observed(self, step):
+        after_step(self, step)
+        checked.extend(s for s, _, _ in self.history if s == step)
+
+    monkeypatch.setattr(DivergenceGuard, "after_step", observed)
+    weights = {}
+    for checks in (0, 2):
+        data = world(tmp_path_factory)
+        run(ft_params(data, budget("snli_ve", steps=3), f"finetune.divergence_guard.checks={checks}"), "snli_ve")
+        weights[checks] = load_file(str(data / "models" / "snli_ve" / "model.safetensors"))
+        assert checked == ([] if checks == 0 else [1, 2])
+    assert weights[0].keys() == weights[2].keys()
+    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
