@@ -107,9 +107,11 @@ def point_overrides(task: str, steps: int, root: Path, start: str = "pretrained"
         budget = [f"{key}.steps={steps}", f"{key}.warmup_steps={warmup_of(steps)}"]
     else:
         assert base is not None, "the scratch start's point needs the base params"
-        own = base.finetune.budget(task, "scratch")
-        budget = [f"finetune.scratch_per_task.{task}={{steps: {steps}, lr: {own.lr}, "
-                  f"batch_tokens: {own.batch_tokens}, warmup_steps: {warmup_of(steps)}}}"]
+        from pipeline.params.parser import to_dict
+
+        # every key of the scratch start's budget as it is (lr, batch, ...), only steps and warmup swept
+        own = dict(to_dict(base.finetune.budget(task, "scratch")), steps=steps, warmup_steps=warmup_of(steps))
+        budget = [f"finetune.scratch_per_task.{task}={json.dumps(own)}"]
     return [f"paths.data={root}", *budget, "finetune.compare_scratch=false"]
 
 
