@@ -108,10 +108,12 @@ endif
 
 # One task's fine-tuning budget chosen on its dev split (pipeline/finetune/budget_sweep.py): the
 # pretrained start alone at each of STEPS, dev scored only, in side roots under data/budgets/<task>/.
+# START=scratch: the non-pretrained start's budget instead (data/budgets/<task>_scratch/).
 STEPS ?=
+START ?= pretrained
 budgets: $(STAMP)
 	@test -n "$(TASK)" -a -n "$(STEPS)" || { echo 'make budgets: set TASK=<task> and STEPS="N1 N2 ..."' >&2; exit 2; }
-	$(BIN)/python -m pipeline budgets $(TASK) --steps $(STEPS)
+	$(BIN)/python -m pipeline budgets $(TASK) --steps $(STEPS) --start $(START)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -46,9 +46,9 @@ def ipot(
         beta: proximal (KL) step strength; iterations: outer proximal steps; inner_steps: marginal
             rescalings per outer step.
     Returns:
-        plan [B, n, m] float32, zero on padded rows/columns; sums to 1 per example, columns sum to
-        1/#real columns exactly after the last update, rows approximately (within ~1e-3 for
-        UNITER's setting on costs in [0, 2]).
+        plan [B, n, m] float32, zero on padded rows/columns; sums to 1 per example, rows sum to
+        1/#real rows exactly after the last update (the x side is rescaled last, as in UNITER),
+        columns approximately (within ~1e-3 for UNITER's setting on costs in [0, 2]).
     """
     if cost.dim() != 3 or x_mask.shape != cost.shape[:2] or y_mask.shape != (cost.shape[0], cost.shape[2]):
         raise ValueError(
@@ -62,13 +62,15 @@ def ipot(
     joint = x_valid.unsqueeze(2) * y_valid.unsqueeze(1)
     kernel = torch.exp(-cost / beta).mul_(joint)
     plan = joint  # the initial plan: ones on the real block
-    col_scale = y_valid.clone()
+    row_scale = x_valid.clone()  # its scale cancels in the first column update
     tiny = torch.finfo(torch.float32).tiny
     for _ in range(iterations):
         plan.mul_(kernel)  # Q = exp(-C / beta) * T, in place: this loop is memory-bound
         for _ in range(inner_steps):
-            row_scale = a / torch.bmm(plan, col_scale.unsqueeze(2)).squeeze(2).clamp_min(tiny)
+            # UNITER's order (model/ot.py there, x = words, y = regions): the y (region) side first,
+            # the x (word) side last, so the x marginals are the exact ones
             col_scale = b / torch.bmm(row_scale.unsqueeze(1), plan).squeeze(1).clamp_min(tiny)
+            row_scale = a / torch.bmm(plan, col_scale.unsqueeze(2)).squeeze(2).clamp_min(tiny)
         plan.mul_(row_scale.unsqueeze(2)).mul_(col_scale.unsqueeze(1))  # T = diag(row) Q diag(col)
     return plan
 

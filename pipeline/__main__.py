@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.common.ownership import ForeignDirectoryError
     from pipeline.ingest.sources.records import SourceFormatError
     from pipeline.stores.lmdb_store import DiskFullError
+    from pipeline.finetune.guard import DivergedError
 
     try:
         wait = wait_from_env()
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceFormatError, UnsafeCheckpointError, UniterFormatError) as err:  # an input file to replace: no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (ForeignDirectoryError, DiskFullError, DownloadError) as err:  # the machine's state: say what to fix
+    except (ForeignDirectoryError, DiskFullError, DownloadError, DivergedError) as err:  # say what to fix
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -39,18 +39,21 @@ class TaskOutput:
 
 
 def answer_mlp(
-    hidden_size: int, out_dim: int, *, in_dim: int | None = None, eps: float = 1e-12, activation: type[nn.Module] = nn.GELU
+    hidden_size: int, out_dim: int, *, in_dim: int | None = None, width: int | None = None, eps: float = 1e-12,
+    activation: type[nn.Module] = nn.GELU,
 ) -> nn.Sequential:
-    """UNITER's task head: Linear(in, 2H) -> activation -> LayerNorm -> Linear(2H, out).
+    """UNITER's task head: Linear(in, W) -> activation -> LayerNorm(W) -> Linear(W, out), W = ``width``
+    (default 2H: the VQA / SNLI-VE / VCR heads; the RefCOCO+ head's is H).
 
     The reference uses GELU in its VQA / SNLI-VE / RefExp heads and ReLU in its VCR head.
     """
     in_dim = in_dim or hidden_size
+    width = width or 2 * hidden_size
     return nn.Sequential(
-        nn.Linear(in_dim, 2 * hidden_size),
+        nn.Linear(in_dim, width),
         activation(),
-        nn.LayerNorm(2 * hidden_size, eps=eps),
-        nn.Linear(2 * hidden_size, out_dim),
+        nn.LayerNorm(width, eps=eps),
+        nn.Linear(width, out_dim),
     )
 
 

@@ -39,6 +39,7 @@ from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.finetune.guard import DIVERGED_EXIT, DivergedError
 from pipeline.finetune.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
@@ -109,9 +110,11 @@ def finetune_seed(params: Params) -> int:
 
 def task_digest(params: Params, name: str) -> str:
     """sha256 of what one task's training depends on: seed, model, the shared finetune keys and its budget."""
-    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task")}
+    shared = {k: v for k, v in to_dict(params.finetune).items() if k not in ("tasks", "per_task", "scratch_per_task")}
     payload = {"seed": finetune_seed(params), "model": to_dict(params.model), "finetune": shared,
                "task": to_dict(params.finetune.per_task[name])}
+    if name in params.finetune.scratch_per_task:  # the scratch start's own budget (absent: per_task's)
+        payload["scratch_task"] = to_dict(params.finetune.scratch_per_task[name])
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -187,6 +190,7 @@ def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
         {"scratch_init": cfg.scratch_init, "bert": str(params.model.bert_checkpoint),
          "region_init_images": region_init_images}
     return RunPlan(init=init, work_dir=setup.work_root / init, config=setup.config,  # type: ignore[arg-type]
+                   budget=cfg.budget(name, init),
                    img_dim=setup.img_dim, init_state=setup.state if init == "pretrained" else None,
                    scratch_init=cfg.scratch_init, bert_checkpoint=params.model.bert_checkpoint,
                    region_init_images=region_init_images,
@@ -237,6 +241,10 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
         child.start()
     for child in children.values():
         child.join()
+    diverged = [init for init, child in children.items() if child.exitcode == DIVERGED_EXIT]
+    if diverged:
+        raise DivergedError(f"finetune@{name}: the {' and '.join(diverged)} start diverged (the step and its dev "
+                            "scores are logged above; finetune.divergence_guard); the run is not reported")
     failed = [f"{init} (exit status {child.exitcode})" for init, child in children.items() if child.exitcode != 0]
     if failed:
         raise RuntimeError(f"finetune@{name}: the training process of the {', '.join(failed)} start failed; "
@@ -247,7 +255,11 @@ def train_starts_in_parallel(params: Params, name: str, inits: list[str], *, pre
 def _train_start_child(params: Params, name: str, init: str, threads: int, precision: str) -> None:
     """Child process of :func:`train_starts_in_parallel`: train one start of one task on the CPU."""
     start_cpu_child(f"[{init}]", threads)
-    train_start_on_cpu(params, name, init, precision=precision)
+    try:
+        train_start_on_cpu(params, name, init, precision=precision)
+    except DivergedError as err:  # said once, without a traceback; the parent names the start again
+        log.error("%s", err)
+        exit_now(DIVERGED_EXIT)
     exit_now(0)  # the result is on disk: skip finalizing torch & co., which the parent would wait for
 
 
@@ -295,6 +307,9 @@ def metrics_record(task: FinetuneTask, outcomes: dict[str, RunOutcome], chance: 
             entry["gain_interval"] = intervals[key]
     record: dict[str, Any] = {"task": task.name, "steps": task.ctx.task_cfg.steps, "summary": summary,
                               "chance": dict(sorted(chance.items()))}
+    scratch_steps = task.ctx.cfg.budget(task.name, "scratch").steps
+    if "scratch" in outcomes and scratch_steps != task.ctx.task_cfg.steps:
+        record["scratch_steps"] = scratch_steps  # its own budget (finetune.scratch_per_task)
     if intervals:
         record["gain_intervals"] = intervals  # dev too: how large a split must be is measured there, not on test
     references = task.references()

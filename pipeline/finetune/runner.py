@@ -24,8 +24,10 @@ import torch
 
 from model.config import UniterConfig
 from pipeline.common.runinfo import atomic_dir, atomic_write_json, file_digest
+from pipeline.finetune.guard import DivergenceGuard
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
+from pipeline.params.finetune import TaskConfig
 from pipeline.training.engine import Precision
 from pipeline.training.launch import DistInfo
 from pipeline.training.trainer import RunSettings, Trainer
@@ -55,6 +57,12 @@ class RunPlan:
     region_init_images: int = 0
     region_sources: tuple[Any, ...] = ()  # pipeline.pretrain.inputs.TextSource of the first pretraining stage
     img_root: Path | None = None
+    budget: TaskConfig | None = None  # steps, lr, batch, warmup of this start (None: the task's per_task budget)
+
+
+def budget_of(task: FinetuneTask, plan: RunPlan) -> TaskConfig:
+    """The budget ``plan``'s start trains with (``finetune.scratch_per_task`` or ``per_task``)."""
+    return plan.budget or task.ctx.task_cfg
 
 
 @dataclass
@@ -126,7 +134,7 @@ def _load_result(work_dir: Path, init: Init) -> RunOutcome:
 
 def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
     """The harness's settings for one start of one task (``finetune`` and ``finetune.per_task.<task>``)."""
-    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
+    cfg, tcfg = task.ctx.cfg, budget_of(task, plan)
     return RunSettings(stage=f"finetune@{task.name}", desc=f"{task.name} ({plan.init})", ckpt_dir=plan.work_dir,
                        metrics_dir=plan.work_dir / "live", fingerprint=plan.fingerprint,
                        logged_params={"task": task.name, "init": plan.init, "steps": tcfg.steps, "lr": tcfg.lr,
@@ -137,9 +145,9 @@ def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
                        checkpoint_every=cfg.checkpoint_every, head_lr_mul=tcfg.head_lr_mul)
 
 
-def _held_out(task: FinetuneTask, *, seed: int) -> dict[str, list[dict[str, Any]]]:
+def _held_out(task: FinetuneTask, tcfg: TaskConfig, *, seed: int) -> dict[str, list[dict[str, Any]]]:
     """The validation curves' fixed batches per stream (streams without held-out data left out)."""
-    cfg, tcfg = task.ctx.cfg, task.ctx.task_cfg
+    cfg = task.ctx.cfg
     if not cfg.val_batches:
         return {}
     val = {s: fixed_batches(task.held_out_dataset(s), task.collate, batch_tokens=tcfg.batch_tokens,
@@ -150,7 +158,7 @@ def _held_out(task: FinetuneTask, *, seed: int) -> dict[str, list[dict[str, Any]
 
 def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torch.device, precision: Precision,
               seed: int) -> RunOutcome:
-    """Train ``task`` from ``plan``'s start for ``task_cfg.steps`` steps, evaluate, keep the result.
+    """Train ``task`` from ``plan``'s start for its budget's steps, evaluate, keep the result.
 
     Returns the outcome (also stored in ``<work_dir>/result/``; a later call returns it without
     training again). Resumes from the newest complete checkpoint of the same fingerprint.
@@ -169,12 +177,15 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
         zero_shot = _zero_shot(task, model, plan.work_dir, device, precision)
         timings["zero_shot_eval"] = round(time.perf_counter() - started, 3)
 
-    streams = _streams(task, batch_tokens=task.ctx.task_cfg.batch_tokens, seed=seed)
-    val = _held_out(task, seed=seed)
+    budget = budget_of(task, plan)
+    streams = _streams(task, batch_tokens=budget.batch_tokens, seed=seed)
+    val = _held_out(task, budget, seed=seed)
     engine = trainer.build_engine(FinetuneModule(task, model), dropout_seed=mix_seed(seed, 0xD20, dist.rank))
+    guard = divergence_guard(task, plan, engine.module.model, device=device, precision=precision, is_main=dist.is_main)
+    guard.resume(trainer.resume_step)
     train_start = time.perf_counter()
     result = trainer.fit(engine, schedule=TaskSchedule({s: 1.0 for s in task.streams}, seed=seed), streams=streams,
-                         val_batches=val)
+                         val_batches=val, after_step=guard.after_step)
     timings["train"] = round(time.perf_counter() - train_start, 3)
     full = trainer.final_state(engine)
     state = {k[len(PREFIX):]: v for k, v in full.items() if k.startswith(PREFIX)}
@@ -187,6 +198,8 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     with encoder_in_precision(evaluated.to(device), precision, device) as on_device:
         outcome = task.evaluate(on_device, device, artifacts=plan.init == "pretrained")
     timings["eval"] = round(time.perf_counter() - eval_start, 3)
+    if guard.steps:  # a diverged start raises here: nothing is stored
+        guard.finish(task.dev_mean(outcome.metrics))
     timings["total"] = round(time.perf_counter() - started, 3)
     run = RunOutcome(init=plan.init, metrics=outcome.metrics, zero_shot=zero_shot, artifacts=outcome.artifacts,
                      last_train=result.last_train, resumed_from_step=result.start_step, timings_s=timings,
@@ -194,9 +207,24 @@ def train_run(task: FinetuneTask, plan: RunPlan, *, dist: DistInfo, device: torc
     if dist.is_main:
         _store_result(plan.work_dir, run, stage=f"finetune@{task.name}")
     log.info("%s (%s start): %d steps in %.0fs (resumed from step %d), eval %.0fs: %s", task.name, plan.init,
-             task.ctx.task_cfg.steps, timings["train"], result.start_step, timings["eval"],
+             budget.steps, timings["train"], result.start_step, timings["eval"],
              _headline(task, outcome.metrics))
     return run
+
+
+def divergence_guard(task: FinetuneTask, plan: RunPlan, model: torch.nn.Module, *, device: torch.device,
+                     precision: Precision, is_main: bool) -> DivergenceGuard:
+    """The guard of one start: scores ``model`` (the task model being trained) on dev, in the
+    precision it trains in, at ``finetune.divergence_guard.checks`` steps (``pipeline.finetune.guard``)."""
+
+    def score() -> tuple[float, float]:
+        with encoder_in_precision(model, precision, device) as scored:
+            return task.dev_score(scored, device)
+
+    cfg = task.ctx.cfg.divergence_guard
+    return DivergenceGuard(cfg, task=task.name, init=plan.init, total_steps=budget_of(task, plan).steps,
+                           chance=task.dev_mean(task.chance()) if cfg.checks else 0.0, score=score,
+                           work_dir=plan.work_dir, is_main=is_main)
 
 
 def _store_result(work_dir: Path, run: RunOutcome, *, stage: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 from typing import Literal, Mapping
 
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, subset_problem, \
@@ -77,7 +77,7 @@ class TaskConfig:
     """One task's budget. No defaults: each task's values live in params.yaml only (a default here
     would be a second, drifting copy of them)."""
 
-    # optimizer steps (the same budget for the pretrained and the scratch start)
+    # optimizer steps (the scratch start's too, unless finetune.scratch_per_task names the task)
     steps: int = bounded(MISSING, 1, MAX_STEPS)
     lr: float = bounded(MISSING, 0, 1, lo_open=True)  # peak learning rate
     # training micro batch: padded text tokens + regions, all rows of an example
@@ -88,10 +88,24 @@ class TaskConfig:
     head_lr_mul: float = bounded(1.0, 0, 1000, lo_open=True)
 
 
+@dataclass(frozen=True)
+class DivergenceGuardConfig:
+    """``finetune.divergence_guard``: a start whose dev score was at least ``above_chance`` points
+    above chance and ends keeping at most ``kept`` of that margin *diverged*; the stage then fails
+    naming the task, the start and the step (``pipeline.finetune.guard``)."""
+
+    checks: int = bounded(2, 0, 1000)  # dev evaluations spread over each run, besides the final one; 0: no guard
+    above_chance: float = bounded(10.0, 0, 100, lo_open=True)  # dev points above chance that count as learned
+    kept: float = bounded(0.25, 0, 1, hi_open=True)  # share of that margin at most left at the end: diverged
+
+
 @dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     tasks: tuple[str, ...] = TASKS
     per_task: Mapping[str, TaskConfig]  # task -> its budget (params.yaml)
+    # task -> the non-pretrained start's own budget, chosen on dev by `budgets TASK --start scratch`
+    # under the pretrained start's rule and grid; a task not listed: its per_task budget for both starts
+    scratch_per_task: Mapping[str, TaskConfig] = field(default_factory=dict)
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
     nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
     nlvr2_head: Literal["linear", "mlp"] = "linear"  # linear: one Linear to 2 classes (UNITER); mlp: the answer MLP
@@ -127,6 +141,13 @@ class FinetuneConfig:
     # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     zero_stage: int = 0  # 0..3; fine-tuning runs on one rank, where ZeRO partitions nothing
+    divergence_guard: DivergenceGuardConfig = field(default_factory=DivergenceGuardConfig)
+
+    def budget(self, task: str, init: str) -> TaskConfig:
+        """The budget ``task`` trains with from start ``init`` ("pretrained" or "scratch")."""
+        if init == "scratch" and task in self.scratch_per_task:
+            return self.scratch_per_task[task]
+        return self.per_task[task]
 
     def problems(self) -> list[tuple[str, str]]:
         """Keys of this section that are wrong, as (key, message); the parser raises on them."""
@@ -139,6 +160,7 @@ class FinetuneConfig:
             tasks=subset_problem(self.tasks, TASKS, nonempty=False),
             per_task=subset_problem(self.per_task, TASKS, nonempty=False)
             or (f"has no entry for task(s) {missing} of finetune.tasks" if missing else None),
+            scratch_per_task=subset_problem(self.scratch_per_task, TASKS, nonempty=False),
             retrieval_neg_pool=pool,
             betas=betas_problem(self.betas),
             zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2, 3)),

@@ -10,7 +10,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -84,13 +84,15 @@ def _due(step: int, every: int, total: int) -> bool:
 
 def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream], checkpointer: Checkpointer,
           logger: MetricsLogger, val_batches: Mapping[str, Sequence[dict[str, Any]]], dist: DistInfo,
-          settings: LoopSettings, resume_step: int | None) -> LoopResult:
+          settings: LoopSettings, resume_step: int | None,
+          after_step: Callable[[int], None] | None = None) -> LoopResult:
     """Train ``engine`` up to ``settings.total_steps`` optimizer steps, resuming from ``resume_step``.
 
     Every rank calls this with its own streams and val batches. Logs per-task running means every
     ``log_every`` steps, validates every ``val_every``, checkpoints every ``checkpoint_every`` and
     at the end. A resumed run reproduces the steps an uninterrupted run would have taken exactly
-    (same batches, same dropout, same optimizer state) on CPU.
+    (same batches, same dropout, same optimizer state) on CPU. ``after_step(step)`` runs after each
+    step's validation, before its checkpoint (fine-tuning's divergence guard).
     """
     s = settings
     missing = set(schedule.streams) - set(streams)
@@ -157,6 +159,8 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             last_val = evaluate(engine, val_batches, prepare=prepare, module=engine.module)
             logger.log(step, last_val)
             timings["validation"] += time.perf_counter() - val_start
+        if after_step is not None:
+            after_step(step)
         if _due(step, s.checkpoint_every, s.total_steps):
             save_start = time.perf_counter()
             checkpointer.save(engine, step, {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -82,15 +82,18 @@ class Trainer:
             head_lr_mul=s.head_lr_mul))
 
     def fit(self, engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
-            val_batches: Mapping[str, Sequence[dict[str, Any]]]) -> LoopResult:
+            val_batches: Mapping[str, Sequence[dict[str, Any]]],
+            after_step: Callable[[int], None] | None = None) -> LoopResult:
         """Train ``engine`` to ``settings.steps`` from :attr:`resume_step`, logging to dvclive on
-        rank 0; returns the loop's result (last metrics, task digest, phase timings)."""
+        rank 0; returns the loop's result (last metrics, task digest, phase timings).
+        ``after_step(step)``: called after every step (the loop's hook)."""
         s = self.settings
         logger = MetricsLogger(s.metrics_dir, stage=s.stage, enabled=self.dist.is_main,
                                resume_step=self.resume_step, params=s.logged_params)
         try:
             return train(engine, schedule=schedule, streams=streams, checkpointer=self.checkpointer, logger=logger,
                          val_batches=val_batches, dist=self.dist, resume_step=self.resume_step,
+                         after_step=after_step,
                          settings=LoopSettings(total_steps=s.steps, grad_accum=s.grad_accum, log_every=s.log_every,
                                                val_every=s.val_every, checkpoint_every=s.checkpoint_every,
                                                device=self.device, precision=self.precision, desc=s.desc,

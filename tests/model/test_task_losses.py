@@ -1,5 +1,6 @@
 """The reference (ChenRocks/UNITER) task losses and segment types, each against a computation done
-here by hand: VCR's per-row right/wrong loss, the retrieval hinge, SNLI-VE's one-hot BCE, and the
+here by hand: VCR's per-row right/wrong loss, the retrieval hinge, SNLI-VE's one-hot BCE, the
+RefCOCO+ head and summed loss, and the
 segment-type rows that VCR and NLVR2 add (started from the text / region type as loaded)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from model.bert_init import default_bert_checkpoint, load_bert_weights, read_bert_state
 from model.config import UniterConfig
-from model.tasks import UniterForNlvr2, UniterForSnliVe, UniterForVcr
+from model.tasks import UniterForNlvr2, UniterForRefExp, UniterForSnliVe, UniterForVcr
 from model.tasks.common import grouped_hinge_loss, row_choice_loss
 from model.uniter import UniterModel, load_encoder_state
 
@@ -117,3 +118,33 @@ def test_segment_types_change_the_encoding():
         left = model.encode(dict(batch, img_type_ids=torch.ones(2, 6, dtype=torch.long)))
         right = model.encode(dict(batch, img_type_ids=torch.full((2, 6), 2)))
     assert not torch.allclose(left, right)
+
+
+def test_refexp_head_and_summed_loss_are_the_references():
+    # UNITER's model/re.py with mlp=2 (its RefCOCO+ config): per region h [H],
+    # score = w2 . LN(gelu(W1 h + b1)) + b2 with W1 [H, H], w2 [H] (erf GELU, LayerNorm eps 1e-12);
+    # padded regions masked; train_re.py sums the per-expression CE over the batch
+    torch.manual_seed(4)
+    cfg = UniterConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0)
+    model = UniterForRefExp(cfg, img_dim=D).eval()
+    h = cfg.hidden_size
+    shapes = [tuple(p.shape) for p in model.head.parameters()]
+    assert shapes == [(h, h), (h,), (h,), (h,), (1, h), (1,)]  # re_output.{0,2,3}: a reference checkpoint fits
+    with torch.no_grad():
+        for p in model.head.parameters():  # away from the LayerNorm's (1, 0) start, so every term counts
+            p.add_(torch.randn_like(p) * 0.3)
+    batch = dict(rows(3), targets=torch.tensor([4, 0, 2]))
+    out = model(batch)
+    with torch.no_grad():
+        regions = model.encode(batch)[:, batch["input_ids"].shape[1]:].double()
+        w1, b1, g, beta, w2, b2 = (p.double() for p in model.head.parameters())
+        x = regions @ w1.T + b1
+        x = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+        x = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-12) * g + beta
+        scores = (x @ w2.T).squeeze(-1) + b2
+        scores = scores.masked_fill(~batch["img_mask"], -1e4)
+    real = batch["img_mask"]
+    torch.testing.assert_close(out.logits.double()[real], scores[real], atol=1e-5, rtol=1e-5)
+    by_hand = sum(torch.logsumexp(row, 0).item() - row[t].item() for row, t in zip(scores, [4, 0, 2]))
+    assert out.loss.item() == pytest.approx(by_hand, rel=1e-5)
+    assert out.metrics["loss"] == pytest.approx(by_hand, rel=1e-5)

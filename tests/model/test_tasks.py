@@ -164,7 +164,7 @@ def test_refexp_masks_padded_regions_before_ce():
         math.log(sum(math.exp(v) for v in row)) - row[t]
         for row, t in ((out.logits[0].tolist(), 4), (out.logits[1].tolist(), 0), (real.tolist(), 2))
     ]
-    assert out.loss.item() == pytest.approx(sum(by_hand) / 3, rel=1e-5)
+    assert out.loss.item() == pytest.approx(sum(by_hand), rel=1e-5)  # summed, as UNITER's train_re.py
     with pytest.raises(ValueError, match="padded region"):
         model(dict(batch, targets=torch.tensor([0, 0, 5])))
 

@@ -9,6 +9,7 @@ The runner (``pipeline.finetune.runner``) does the rest the same way for all six
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -216,6 +217,31 @@ class FinetuneTask:
     def chance(self) -> dict[str, float]:
         """Chance level of each headline metric on every scored split ({"split/metric": percent})."""
         raise NotImplementedError
+
+    def dev_score(self, model: nn.Module, device: torch.device) -> tuple[float, float]:
+        """(score, standard error) in points: the mean of the headline metrics on the dev split,
+        scoring dev only (as a ``dev_only`` task: no test split is read; ``python -m pipeline
+        budgets`` scores a point so), and the largest standard error a score from that many dev
+        items can have, ``sqrt(sum_k 1 / (4 n_k)) / K`` over the K metrics (binomial at p = 1/2: a
+        tiny split that happens to score 100% still has an error of its size)."""
+        ctx = self.ctx
+        self.ctx = replace(ctx, dev_only=True)
+        try:
+            result = self.evaluate(model, device, artifacts=False)
+        finally:
+            self.ctx = ctx
+        variances = []
+        for _, metric in self.headline:
+            n = len(result.items.get(f"{self.dev_split}/{metric}", {}).get("scores") or [0.0])
+            variances.append(0.25 / n)
+        return self.dev_mean(result.metrics), 100 * math.sqrt(sum(variances)) / len(variances)
+
+    def dev_mean(self, metrics: Mapping[str, Any]) -> float:
+        """The mean of the headline metrics on dev of ``metrics`` ({split: {name: value}}, or the
+        flat {"split/metric": value} of :meth:`chance`)."""
+        names = [f"{self.dev_split}/{m}" for _, m in self.headline]
+        values = [metrics[n] if n in metrics else metrics[self.dev_split][n.rpartition("/")[2]] for n in names]
+        return sum(float(v) for v in values) / len(values)
 
     def references(self) -> dict[str, dict[str, Any]]:
         """Model-free reference levels beyond chance, by name: ``{"label": what it is, "split/metric":

@@ -10,8 +10,8 @@ import pytest
 
 from helpers.finetune_world import ROOT, budget, ft_params, world
 
-from pipeline.finetune.budget_sweep import Point, choose, dev_point, main, run_point, sweep, warmup_of, \
-    write_budgets
+from pipeline.finetune.budget_sweep import Point, choose, default_out, dev_point, main, point_overrides, run_point, \
+    sweep, warmup_of, write_budgets
 
 
 def items(hits: int, n: int) -> dict:
@@ -109,12 +109,33 @@ def test_a_point_root_another_sweep_is_writing_is_not_written(tmp_path, capsys, 
     assert not (out / "steps1" / "checkpoints").exists() and not (out / "budgets.json").exists()
 
 
+def test_the_scratch_start_has_its_own_budget_key_and_sweep_root(tmp_path):
+    """``--start scratch``: a point sets finetune.scratch_per_task (the scratch start's lr and batch
+    kept), the pretrained budget stays, and the sweep writes beside the pretrained one's."""
+    base = ft_params(tmp_path, "finetune.per_task.vcr={steps: 300, lr: 0.0001, batch_tokens: 1024, warmup_steps: 30}")
+    assert base.finetune.budget("vcr", "scratch") == base.finetune.budget("vcr", "pretrained")  # none of its own
+    extra = point_overrides("vcr", 600, tmp_path / "steps600", "scratch", base=base)
+    swept = ft_params(tmp_path, *extra)
+    own = swept.finetune.budget("vcr", "scratch")
+    assert (own.steps, own.warmup_steps, own.lr, own.batch_tokens) == (600, 60, 0.0001, 1024)
+    assert swept.finetune.budget("vcr", "pretrained").steps == 300 and not swept.finetune.compare_scratch
+    assert swept.paths.data == tmp_path / "steps600"
+    assert default_out(tmp_path, "vcr", "scratch") == tmp_path / "budgets" / "vcr_scratch"
+    assert default_out(tmp_path, "vcr") == tmp_path / "budgets" / "vcr"
+    write_budgets("vcr", [point(150, 50.0, 100), point(300, 60.0, 100)], tmp_path, current=300, start="scratch")
+    saved = json.loads((tmp_path / "budgets.json").read_text())
+    assert saved["start"] == "scratch" and saved["chosen"] == 300
+    assert "`finetune.scratch_per_task.vcr`" in (tmp_path / "budgets.md").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nope", "--steps", "1", "2"], "unknown task 'nope'"),
     (["vcr", "--steps", "150"], "at least 2 distinct budgets"),
     (["vcr", "--steps", "0", "150"], "--steps must lie in"),
     (["vcr", "--steps", "150", "300", "--jobs", "0"], "--jobs must be >= 1"),
     (["vcr", "--steps", "150", "300", "--set", "finetune.no_such_key=1"], "no_such_key"),
+    (["vcr", "--steps", "150", "300", "--set", "finetune.scratch_per_task={nope: {steps: 1, lr: 0.1, "
+      "batch_tokens: 8, warmup_steps: 0}}"], "finetune.scratch_per_task: ['nope'] not allowed"),
 ])
 def test_bad_arguments_exit_2_and_say_why(argv, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -147,3 +168,27 @@ def test_points_score_dev_only_and_agree_with_the_stage_beside_the_run(tmp_path_
     assert own is not None and (own.steps, own.score, own.se) == (2, points[1].score, points[1].se)
     assert run_point(load(["finetune.compare_scratch=false", "finetune.per_task.vcr.lr=0.002"]), "vcr") is None
     assert run_point(load(["finetune.compare_scratch=false", budget("vcr", steps=2)]), "vcr") is None  # warmup 1
+
+
+@pytest.mark.stage
+def test_a_scratch_point_scores_dev_only_and_agrees_with_the_stage_own_budget(tmp_path_factory):
+    """The scratch start's point at 2 steps, trained beside the run, gives the dev items the real
+    stage gives its scratch start when finetune.scratch_per_task sets 2 steps while the pretrained
+    start trains 1; the stage records both budgets and that run's point is then reused."""
+    from pipeline.finetune.finetune import run as finetune
+    from pipeline.finetune.finetune import task_digest
+
+    data = world(tmp_path_factory)
+    one_step = "finetune.per_task.vcr={steps: 1, lr: 0.001, batch_tokens: 600, warmup_steps: 0}"
+    load = lambda extra: ft_params(data, one_step, *extra)  # noqa: E731
+    base = load([])
+    (p2,) = sweep(load, base, "vcr", [2], data / "budgets" / "vcr_scratch", jobs=1, reuse_run=False, start="scratch")
+    assert (p2.steps, p2.source) == (2, "sweep")
+    scratch_two = "finetune.scratch_per_task.vcr={steps: 2, lr: 0.001, batch_tokens: 600, warmup_steps: 0}"
+    assert task_digest(load([scratch_two]), "vcr") != task_digest(base, "vcr")
+    stage = finetune(load(["finetune.compare_scratch=true", "finetune.parallel_starts=false", scratch_two]),
+                     "vcr")["vcr"]
+    assert stage["steps"] == 1 and stage["scratch_steps"] == 2
+    own = run_point(load(["finetune.compare_scratch=true", "finetune.parallel_starts=false", scratch_two]), "vcr",
+                    "scratch")
+    assert own is not None and (own.steps, own.score, own.se) == (2, p2.score, p2.se)
