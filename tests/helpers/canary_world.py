@@ -11,8 +11,8 @@ writer, and the real ``build_dbs`` stage turns them and the clean manifests into
 the pretraining stage reads. So every colour and shape word of a text is recoverable from its
 image's region, and from nothing else.
 
-``image_signal=False`` writes the same world with every region's feature and soft labels those of
-a random other class (a detector that sees nothing): the canary's negative control.
+``image_signal=False`` writes the same scenes and texts with every region's feature and soft labels
+those of a class drawn at random (a detector that sees nothing): the canary's negative control.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pipeline.mini_world.text import coco_captions, region_phrases, web_caption
 DIM = 32  # region feature width
 CLASS_NAMES = ["__background__"] + [f"{c} {s}" for c, s in CATEGORIES]  # the mini detector's, background first
 IMAGE_SIZE = 192
-MAX_OBJECTS = 1
+MAX_OBJECTS = 1  # one object a picture: each colour and shape word has one region to be read from
 NOISE = 0.5  # feature noise (per dimension) around an object's class direction
 # images per (dataset, split); COCO gives 2 captions an image, VG a phrase per object
 SIZES = {("coco", "train"): 240, ("coco", "val"): 80, ("vg", "train"): 120, ("vg", "val"): 40,
