@@ -3,7 +3,8 @@
 ``mini_world``: a small world config (a few seconds to generate); ``stores``: one-call LMDB
 writing; ``pretrain``: a plain DataLoader over a pretraining dataset; ``images``: the reject reason
 of one image file; ``dbs_synthetic``: a seeded synthetic world in the formats build_dbs reads;
-``finetune_world``: that world's real DBs and pretraining exports to fine-tune in; ``extract_world``
+``finetune_world``: that world's real DBs and pretraining exports to fine-tune in; ``canary_world``:
+the learning canary's scene world (mini-world scenes and text, stand-in regions); ``extract_world``
 and ``scene_kit``: rendered scenes, defective images and mini detector checkpoints for the
 extraction and detector tests; ``source_fixtures``: params pointing every source at
 tests/fixtures/sources/. ``tests/`` is on ``sys.path`` under pytest (beside ``tests/conftest.py``),
