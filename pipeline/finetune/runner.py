@@ -26,6 +26,7 @@ from model.config import UniterConfig
 from pipeline.common.runinfo import atomic_dir, atomic_write_json, file_digest
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
+from pipeline.params import deepspeed as deepspeed_params
 from pipeline.training.engine import Precision
 from pipeline.training.launch import DistInfo
 from pipeline.training.trainer import RunSettings, Trainer
@@ -134,7 +135,7 @@ def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
                        steps=tcfg.steps, lr=tcfg.lr, warmup_steps=tcfg.warmup_steps, grad_clip=cfg.grad_clip,
                        betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, zero_stage=cfg.zero_stage,
                        keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
-                       checkpoint_every=cfg.checkpoint_every)
+                       checkpoint_every=cfg.checkpoint_every, deepspeed=deepspeed_params.resolve(cfg.deepspeed))
 
 
 def _held_out(task: FinetuneTask, *, seed: int) -> dict[str, list[dict[str, Any]]]:
