@@ -31,6 +31,9 @@ PLUMBING = {
     "pipeline/common/exiting.py", "model/__init__.py",
     # malloc's settings in spawned children: where memory comes from, never a bit of an output
     "pipeline/common/malloc.py",
+    # where a Hugging Face id's files lie in the local hub cache: the id is a params dep, the lookup
+    # computes nothing (like the params parser that reads it)
+    "pipeline/common/hf_cache.py",
 }
 PLUMBING_DIRS = ("pipeline/params/",)
 

@@ -26,6 +26,7 @@ from model.config import UniterConfig
 from pipeline.common.runinfo import atomic_dir, atomic_write_json, file_digest
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
+from pipeline.common.hf_cache import resolve_bert_checkpoint
 from pipeline.params import deepspeed as deepspeed_params
 from pipeline.training.engine import Precision
 from pipeline.training.launch import DistInfo
@@ -86,7 +87,7 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
         task.load_pretrained(model, plan.init_state)
     else:
         if plan.scratch_init == "bert":
-            report = load_bert_weights(model, plan.bert_checkpoint)
+            report = load_bert_weights(model, resolve_bert_checkpoint(plan.bert_checkpoint))
             log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
         if plan.region_init_images:  # the same start of the region projection as pretraining had
             from pipeline.pretrain.inputs import open_sources
