@@ -227,7 +227,7 @@ def uniter_pretraining():
 
     @task
     def plots(run: dict) -> None:
-        """Training curves as PNG/SVG under data/reports/plots (viewable offline)."""
+        """Training curves in one page, data/reports/plots/index.html (viewable offline)."""
         _run_stage(run, "plots")
 
     @task
