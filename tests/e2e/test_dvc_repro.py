@@ -285,13 +285,48 @@ def test_second_repro_is_a_no_op(tiny_runs):
         assert UP_TO_DATE in log and not ran_stages(log), log
 
 
+DEFAULT_REMOTE = "local"  # .dvc/config's default remote (docs/sharing.md)
+
+
+def test_push_then_pull_in_a_fresh_clone_restores_every_output_without_a_rerun(tiny_runs, tmp_path):
+    """docs/sharing.md's path: commit dvc.lock, `dvc push` to the local remote; a `git clone` then
+    `dvc pull`s every output of both pipelines, `dvc status` is clean and `dvc repro` runs nothing."""
+    from dvc.repo import Repo
+
+    repo = tiny_runs["a"][0]
+    with Repo(str(repo)) as r:  # the default remote every clone gets, under the user's cache dir
+        remote = r.config["remote"][r.config["core"]["remote"]]
+        assert r.config["core"]["remote"] == DEFAULT_REMOTE
+        assert remote["url"] == os.path.expanduser("~/.cache/uniter-pipeline/dvc-remote"), remote
+    store = tmp_path / "remote"  # configurable per clone (.dvc/config.local), as docs/sharing.md says
+    git = ["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost"]
+    run(["git", "add", "-A"], repo)  # dvc.lock and ablations/dvc.lock: DVC's convention, committed
+    run([*git, "commit", "-q", "--allow-empty", "-m", "repro"], repo)
+    assert not run(["git", "status", "--porcelain"], repo).stdout.strip()
+    dvc(["remote", "modify", "--local", DEFAULT_REMOTE, "url", str(store)], repo)
+    dvc(["push"], repo)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    assert not (clone / "data/models").exists()
+    dvc(["remote", "modify", "--local", DEFAULT_REMOTE, "url", str(store)], clone)
+    dvc(["pull"], clone)
+    status = dvc(["status"], clone)
+    assert UP_TO_DATE in status, status
+    for target in ([], [ABLATIONS]):
+        log = dvc(["repro", *target], clone)
+        assert UP_TO_DATE in log and not ran_stages(log), log
+    assert output_digests(clone) == output_digests(repo)
+
+
 SNLI_STEPS = "finetune.per_task.snli_ve.steps"
 
 
 def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     repo = tiny_runs["a"][0]
     run(["git", "add", "-A"], repo)  # dvc.lock, so the experiment has a baseline to compare with
-    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-q", "-m", "repro"], repo)
+    # --allow-empty: test_push_then_pull_... may have committed it already
+    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-q", "--allow-empty", "-m", "repro"],
+        repo)
     # a key with a short downstream
     expected = downstream_of("finetune.per_task.snli_ve", repo)  # dvc.yaml lists the task's block
     assert {"finetune@snli_ve", "results"} <= expected and not {"pretrain", "finetune@vqa"} & expected
