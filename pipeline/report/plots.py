@@ -74,7 +74,8 @@ def collect(run_dir: Path) -> dict[str, dict[str, Series]]:
 STARTS = ("pretrained", "scratch")  # fine-tuning's two starts: <task>/<start> below the metrics root
 INDEX = "index.html"
 # y-axis labels of the metric names the trainings log (the last path component); others: the name
-Y_LABELS = {"loss": "loss", "acc": "accuracy", "accuracy": "accuracy", "lr": "learning rate",
+Y_LABELS = {"loss": "loss", "acc": "accuracy", "accuracy": "accuracy", "mlm_acc": "accuracy", "mrc_acc": "accuracy",
+            "itm_acc": "accuracy", "vqa_score": "VQA score", "lr": "learning rate",
             "tokens_per_s": "tokens / s", "ot_pos": "OT distance (matched)", "ot_neg": "OT distance (mismatched)"}
 Curves = Mapping[tuple[str, str], Series]  # (start or "", split) -> series
 
