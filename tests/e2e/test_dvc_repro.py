@@ -318,6 +318,25 @@ def test_push_then_pull_in_a_fresh_clone_restores_every_output_without_a_rerun(t
     assert output_digests(clone) == output_digests(repo)
 
 
+def test_dvc_plots_declare_every_curve_the_run_wrote(tiny_runs):
+    """Every dvclive series of the run is in a dvc.yaml plot; `dvc plots show` draws every plot, and
+    what it cannot find are only the series this run had off (the scratch start, MRC)."""
+    from dvc.repo import Repo
+
+    repo = tiny_runs["a"][0]
+    with Repo(str(repo)) as r:
+        specs = {name: spec for plots in r.index._plots.values() for entry in plots for name, spec in entry.items()}
+    declared = {f for spec in specs.values() for f in spec["y"]}
+    written = {p.relative_to(repo).as_posix() for p in (repo / "data/metrics").rglob("*.tsv")
+               if "masking_ablation" not in p.as_posix()}  # ablations/dvc.yaml's run
+    assert written and written <= declared, sorted(written - declared)
+    show = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)
+    assert set(show["data"]) == set(specs)
+    missing = {e["source"] for e in show.get("errors", [])}
+    assert missing == declared - written
+    assert all("/scratch/" in f or "/mrc/" in f for f in missing), sorted(missing)
+
+
 SNLI_STEPS = "finetune.per_task.snli_ve.steps"
 
 
