@@ -121,8 +121,13 @@ def figure_svg(title: str, metric: str, curves: Curves) -> bytes:
         for (start, split), (steps, values) in sorted(curves.items(), key=lambda kv: (_start_order(kv[0][0]),
                                                                                         kv[0][1])):
             few = len(steps) < 30
+            # the starts' val points often coincide (one point each, at the end): the first start's are
+            # drawn larger and hollow so the second's stay visible inside them
+            first = _start_order(start) <= 0
             ax.plot(steps, values, color=colours[start], linestyle="--" if split == "val" else "-",
-                    marker=("s" if split == "val" else "o") if few else None, markersize=5 if split == "val" else 3,
+                    marker=("s" if split == "val" else "o") if few else None,
+                    markersize=(8 if first else 4) if split == "val" else 3,
+                    markerfacecolor="none" if split == "val" and first and len(colours) > 1 else None,
                     label=curve_label(start, split) or None)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("optimizer step")
