@@ -324,14 +324,15 @@ def test_dvc_plots_declare_every_curve_the_run_wrote(tiny_runs):
     from dvc.repo import Repo
 
     repo = tiny_runs["a"][0]
-    with Repo(str(repo)) as r:
-        specs = {name: spec for plots in r.index._plots.values() for entry in plots for name, spec in entry.items()}
+    with Repo(str(repo)) as r:  # dvc.yaml's plots (ablations/dvc.yaml draws its run's folder as it is)
+        specs = {name: spec for path, plots in r.index._plots.items() if Path(path) == repo / "dvc.yaml"
+                 for entry in plots for name, spec in entry.items()}
     declared = {f for spec in specs.values() for f in spec["y"]}
     written = {p.relative_to(repo).as_posix() for p in (repo / "data/metrics").rglob("*.tsv")
                if "masking_ablation" not in p.as_posix()}  # ablations/dvc.yaml's run
     assert written and written <= declared, sorted(written - declared)
     show = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)
-    assert set(show["data"]) == set(specs)
+    assert set(specs) <= set(show["data"])
     missing = {e["source"] for e in show.get("errors", [])}
     assert missing == declared - written
     assert all("/scratch/" in f or "/mrc/" in f for f in missing), sorted(missing)
