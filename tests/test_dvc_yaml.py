@@ -238,7 +238,7 @@ def test_code_deps_cover_the_modules_the_stage_imports(address):
 def test_plots_declare_every_training_curve_as_the_generator_writes_them():
     """dvc.yaml's `plots:` is pipeline.report.dvc_plots' block: every plot titled with both axes
     labelled, each fine-tuning task's metrics with both starts, train and val, on one plot."""
-    from pipeline.report.dvc_plots import plots
+    from pipeline.report.dvc_plots import ablation_plots, plots
 
     declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
     assert declared == plots(), "regenerate with `python -m pipeline.report.dvc_plots`"
@@ -251,6 +251,8 @@ def test_plots_declare_every_training_curve_as_the_generator_writes_them():
                         name.endswith(("accuracy", "vqa_score")))
         assert len(accuracy["y"]) == 4  # two starts x (train, val)
     assert {name.split(":")[0] for name in by_name} == {"pretrain", "pretrain_vcr", *TASKS}
+    ablations = yaml.safe_load((ROOT / "ablations/dvc.yaml").read_text())["plots"]
+    assert ablations == ablation_plots(), "regenerate with `python -m pipeline.report.dvc_plots --ablations`"
 
 
 def test_dvc_resolves_the_plots(tmp_path):
@@ -261,3 +263,5 @@ def test_dvc_resolves_the_plots(tmp_path):
         defs = {name: spec for dvcfile in repo.index._plots.values() for entry in dvcfile for name, spec in entry.items()}
     assert "pretrain: mlm/mlm_acc" in defs and "vqa: vqa/vqa_score" in defs
     assert "data/metrics/pretrain/plots/metrics/val/mlm/mlm_acc.tsv" in defs["pretrain: mlm/mlm_acc"]["y"]
+    ablation = "../data/metrics/pretrain_masking_ablation/plots/metrics/val/mlm/mlm_acc.tsv"
+    assert ablation in defs["pretrain_masking: mlm/mlm_acc"]["y"]

@@ -8,7 +8,8 @@ trainings write (pipeline/training/metrics.py); a series a run did not write (th
 with ``finetune.compare_scratch: false``, a pretraining task that is off) is reported by DVC as not
 found and the plot is drawn from the others.
 
-    python -m pipeline.report.dvc_plots     # prints the block; tests/test_dvc_yaml.py checks dvc.yaml holds it
+    python -m pipeline.report.dvc_plots [--ablations]   # prints dvc.yaml's (ablations/dvc.yaml's) block;
+                                                         # tests/test_dvc_yaml.py checks the files hold them
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ PRETRAIN_RUNS = {"pretrain": ("${pretrain.out_name}", tuple(PRETRAIN_SERIES)),
 X_LABEL = "optimizer step"
 
 
-def _tsv(run: str, split: str, metric: str) -> str:
-    return f"data/metrics/{run}/plots/metrics/{split}/{metric}.tsv"
+ABLATION_RUNS = {"pretrain_masking": ("${pretrain.out_name}_masking_ablation", tuple(PRETRAIN_SERIES))}
+
+
+def _tsv(run: str, split: str, metric: str, root: str = "") -> str:
+    return f"{root}data/metrics/{run}/plots/metrics/{split}/{metric}.tsv"
 
 
 def _plot(name: str, title: str, metric: str, files: list[str]) -> dict[str, Any]:
@@ -55,17 +59,27 @@ def _plot(name: str, title: str, metric: str, files: list[str]) -> dict[str, Any
                    "y_label": y_label(metric)}}
 
 
-def plots() -> list[dict[str, Any]]:
-    """The ``plots:`` list of dvc.yaml, pretraining's stages first, then each task in TASKS order."""
+def _pretraining(runs: dict[str, tuple[str, tuple[str, ...]]], root: str = "") -> list[dict[str, Any]]:
     out = []
-    for stage, (run, tasks) in PRETRAIN_RUNS.items():
+    for stage, (run, tasks) in runs.items():
         for name in STEP_SERIES:
-            out.append(_plot(f"{stage}: {name}", f"{stage}: {name} (train)", name, [_tsv(run, "train", name)]))
+            out.append(_plot(f"{stage}: {name}", f"{stage}: {name} (train)", name, [_tsv(run, "train", name, root)]))
         for task in tasks:
             for name in PRETRAIN_SERIES[task]:
                 metric = f"{task}/{name}"
                 out.append(_plot(f"{stage}: {metric}", f"{stage}: {metric} (train, val)", metric,
-                                 [_tsv(run, split, metric) for split in ("train", "val")]))
+                                 [_tsv(run, split, metric, root) for split in ("train", "val")]))
+    return out
+
+
+def ablation_plots() -> list[dict[str, Any]]:
+    """The ``plots:`` list of ablations/dvc.yaml (paths relative to its folder)."""
+    return _pretraining(ABLATION_RUNS, root="../")
+
+
+def plots() -> list[dict[str, Any]]:
+    """The ``plots:`` list of dvc.yaml, pretraining's stages first, then each task in TASKS order."""
+    out = _pretraining(PRETRAIN_RUNS)
     for task in TASKS:
         runs = [f"{task}/{start}" for start in STARTS]
         for name in STEP_SERIES:
@@ -79,8 +93,12 @@ def plots() -> list[dict[str, Any]]:
     return out
 
 
-def main() -> int:
-    print(yaml.safe_dump({"plots": plots()}, sort_keys=False, width=200), end="")
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    block = ablation_plots() if argv == ["--ablations"] else plots()
+    print(yaml.safe_dump({"plots": block}, sort_keys=False, width=200), end="")
     return 0
 
 
