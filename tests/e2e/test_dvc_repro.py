@@ -290,7 +290,8 @@ DEFAULT_REMOTE = "local"  # .dvc/config's default remote (docs/sharing.md)
 
 def test_push_then_pull_in_a_fresh_clone_restores_every_output_without_a_rerun(tiny_runs, tmp_path):
     """docs/sharing.md's path: commit dvc.lock, `dvc push` to the local remote; a `git clone` then
-    `dvc pull`s every output of both pipelines, `dvc status` is clean and `dvc repro` runs nothing."""
+    `dvc pull`s every output of both pipelines, `dvc status` is clean and `dvc repro` runs nothing
+    (~100 s of the suite on 2 busy cores, ~70 MB pushed)."""
     from dvc.repo import Repo
 
     repo = tiny_runs["a"][0]
@@ -310,12 +311,11 @@ def test_push_then_pull_in_a_fresh_clone_restores_every_output_without_a_rerun(t
     assert not (clone / "data/models").exists()
     dvc(["remote", "modify", "--local", DEFAULT_REMOTE, "url", str(store)], clone)
     dvc(["pull"], clone)
+    # status hashes every pulled output against both locks: clean means each is the pushed one
     status = dvc(["status"], clone)
     assert UP_TO_DATE in status, status
-    for target in ([], [ABLATIONS]):
-        log = dvc(["repro", *target], clone)
-        assert UP_TO_DATE in log and not ran_stages(log), log
-    assert output_digests(clone) == output_digests(repo)
+    log = dvc(["repro"], clone)
+    assert UP_TO_DATE in log and not ran_stages(log), log
 
 
 def test_dvc_plots_declare_every_curve_the_run_wrote(tiny_runs):
