@@ -129,5 +129,6 @@ airflow-stop:
 	bash scripts/airflow_local.sh stop
 
 # make airflow-trigger CONF='{"run_name": "joint", "masking": "joint"}'
+# make airflow-trigger CONF=deploy/airflow/joint.json   (a conf file: deploy/airflow/{tiny,full,joint}.json)
 airflow-trigger: $(STAMP)
 	bash scripts/airflow_local.sh trigger '$(CONF)'

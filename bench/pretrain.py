@@ -408,12 +408,12 @@ def synthetic_main(args: argparse.Namespace) -> int:
 def ds_config(text: str) -> dict:
     """``--ds-config``: a JSON object that params.yaml's ``pretrain.deepspeed`` would accept (the same
     check, so a change measured here can be made in params), else an argparse error naming the key."""
-    from pipeline.params.pretrain import deepspeed_problem
+    from pipeline.params.deepspeed import mapping_problem
 
     value = json.loads(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    problem = deepspeed_problem(value)
+    problem = mapping_problem(value, "pretrain")
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return value

@@ -4,6 +4,11 @@ Trigger it with a conf (every key optional; validated by the JSON schemas below)
 
     airflow dags trigger uniter_pretraining --conf '{"run_name": "joint-mask", "masking": "joint"}'
 
+or with a conf file (deploy/airflow/: tiny.json, full.json, joint.json):
+
+    airflow dags trigger uniter_pretraining --conf "$(cat deploy/airflow/tiny.json)"
+    make airflow-trigger CONF=deploy/airflow/tiny.json     # scripts/airflow_local.sh reads the file
+
 Each task runs the same stage entry as dvc.yaml (``python -m pipeline <stage> [ITEM] --params
 runs/<run_name>/params.yaml``), so a run is the DVC pipeline with the trigger's params, written to
 its own ``runs/<run_name>/`` (params, conf, data, outputs.json). Stages are idempotent and write
@@ -35,7 +40,10 @@ from pipeline.params.finetune import TASKS as FINETUNE_TASK_NAMES  # noqa: E402
 from pipeline.params.model import ModelConfig  # noqa: E402
 from pipeline.params.pretrain import FIRST_STAGE_TASKS, PretrainConfig  # noqa: E402
 
-log = logging.getLogger(__name__)
+DAG_ID = "uniter_pretraining"
+# Airflow imports a DAG file under a generated module name (unusual_prefix_<hash>_<file>), so
+# __name__ would name the task logs' lines after that: a fixed name reads as the DAG's
+log = logging.getLogger(DAG_ID)
 
 GPU_POOL = "gpu"
 # the pool's size (scripts/airflow_local.sh and docker-compose.yml create it from the same variable):
@@ -106,7 +114,7 @@ def _gpu_slots(stage: str) -> int:
 
 
 @dag(
-    dag_id="uniter_pretraining",
+    dag_id=DAG_ID,
     schedule=None,
     start_date=datetime(2025, 1, 1),
     catchup=False,
@@ -219,7 +227,7 @@ def uniter_pretraining():
 
     @task
     def plots(run: dict) -> None:
-        """Training curves as PNG/SVG under data/reports/plots (viewable offline)."""
+        """Training curves in one page, data/reports/plots/index.html (viewable offline)."""
         _run_stage(run, "plots")
 
     @task

@@ -40,7 +40,7 @@ STAGES: dict[str, Stage] = {
               "the first stage with the other masking (ablations/dvc.yaml)"),
         Stage("pretrain_vcr", "pipeline.pretrain.pretrain:run_vcr", "VCR second-stage pretraining"),
         Stage("finetune", "pipeline.finetune.finetune:run", "fine-tune and evaluate one task", item="task"),
-        Stage("plots", "pipeline.report.plots:run", "training curves of data/metrics as PNG and SVG files"),
+        Stage("plots", "pipeline.report.plots:run", "training curves of data/metrics in one offline HTML page"),
         Stage("results", "pipeline.report.results:run", "results table with Meta-Sum"),
         Stage("ablations", "pipeline.report.ablations:run", "the masking ablation's table (ablations/dvc.yaml)"),
     )

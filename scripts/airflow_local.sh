@@ -11,6 +11,7 @@
 #   scripts/airflow_local.sh start            # db migrate, `gpu` pool, api-server + scheduler + dag-processor (+ workers)
 #   scripts/airflow_local.sh trigger '{...}' [RUN_ID]  # trigger uniter_pretraining with a conf; prints the run id:
 #                                             # RUN_ID, else the conf's run_name, else manual__<UTC time>
+#   scripts/airflow_local.sh trigger deploy/airflow/tiny.json [RUN_ID]  # the same with a conf file
 #   scripts/airflow_local.sh wait RUN_ID [S]  # wait until the run succeeds (exit 0) or fails (exit 1)
 #   scripts/airflow_local.sh status           # which processes run, the last runs
 #   scripts/airflow_local.sh stop             # stop what `start` started
@@ -206,6 +207,8 @@ PY
 cmd_trigger() {
   local conf="${1:-}" run_id
   [[ -n "$conf" ]] || conf='{}'
+  # a path to a conf file (deploy/airflow/*.json) instead of the JSON itself
+  if [[ "$conf" != "{"* && -f "$conf" ]]; then conf="$(cat "$conf")"; fi
   run_id="${2:-$(run_id_for "$conf")}"
   run_id="${run_id:-manual__$(date -u +%Y%m%dT%H%M%S)}"
   local cmd=(airflow dags trigger "$DAG_ID" --conf "$conf" --run-id "$run_id")
@@ -284,5 +287,5 @@ case "${1:-}" in
   status) cmd_status ;;
   kill-worker) shift; cmd_kill_worker "$@" ;;
   env) env | grep -E '^(AIRFLOW|PATH=)' | sort ;;
-  *) echo "usage: $0 start|stop|trigger [CONF [RUN_ID]]|wait RUN_ID [TIMEOUT_S]|status|kill-worker N|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|trigger [CONF|CONF_FILE [RUN_ID]]|wait RUN_ID [TIMEOUT_S]|status|kill-worker N|env" >&2; exit 2 ;;
 esac

@@ -31,6 +31,9 @@ PLUMBING = {
     "pipeline/common/exiting.py", "model/__init__.py",
     # malloc's settings in spawned children: where memory comes from, never a bit of an output
     "pipeline/common/malloc.py",
+    # where a Hugging Face id's files lie in the local hub cache: the id is a params dep, the lookup
+    # computes nothing (like the params parser that reads it)
+    "pipeline/common/hf_cache.py",
 }
 PLUMBING_DIRS = ("pipeline/params/",)
 
@@ -230,3 +233,35 @@ def test_code_deps_cover_the_modules_the_stage_imports(address):
     assert not missing, f"{address} imports {missing} but dvc.yaml does not list them as deps"
     unused = sorted(d for d in code_deps if not any(covers(d, f) for f in needed))
     assert not unused, f"{address} lists code deps {unused} that it never imports (needless reruns)"
+
+
+def test_plots_declare_every_training_curve_as_the_generator_writes_them():
+    """dvc.yaml's `plots:` is pipeline.report.dvc_plots' block: every plot titled with both axes
+    labelled, each fine-tuning task's metrics with both starts, train and val, on one plot."""
+    from pipeline.report.dvc_plots import ablation_plots, plots
+
+    declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    assert declared == plots(), "regenerate with `python -m pipeline.report.dvc_plots`"
+    by_name = {name: spec for entry in declared for name, spec in entry.items()}
+    assert all({"title", "x_label", "y_label", "x", "y"} <= set(spec) for spec in by_name.values())
+    for task in TASKS:
+        files = by_name[f"{task}: loss"]["y"]
+        assert {f.split("/")[3] for f in files} == {"pretrained", "scratch"}, files
+        accuracy = next(spec for name, spec in by_name.items() if name.startswith(f"{task}: ") and
+                        name.endswith(("accuracy", "vqa_score")))
+        assert len(accuracy["y"]) == 4  # two starts x (train, val)
+    assert {name.split(":")[0] for name in by_name} == {"pretrain", "pretrain_vcr", *TASKS}
+    ablations = yaml.safe_load((ROOT / "ablations/dvc.yaml").read_text())["plots"]
+    assert ablations == ablation_plots(), "regenerate with `python -m pipeline.report.dvc_plots --ablations`"
+
+
+def test_dvc_resolves_the_plots(tmp_path):
+    """DVC itself reads the block: ids, interpolated paths, properties (no files needed)."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        defs = {name: spec for dvcfile in repo.index._plots.values() for entry in dvcfile for name, spec in entry.items()}
+    assert "pretrain: mlm/mlm_acc" in defs and "vqa: vqa/vqa_score" in defs
+    assert "data/metrics/pretrain/plots/metrics/val/mlm/mlm_acc.tsv" in defs["pretrain: mlm/mlm_acc"]["y"]
+    ablation = "../data/metrics/pretrain_masking_ablation/plots/metrics/val/mlm/mlm_acc.tsv"
+    assert ablation in defs["pretrain_masking: mlm/mlm_acc"]["y"]

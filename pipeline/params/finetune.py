@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field
-from typing import Literal, Mapping
+from pathlib import Path
+from typing import Any, Literal, Mapping
 
-from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, subset_problem, \
-    zero_stage_problem
+from pipeline.params import deepspeed as deepspeed_params
+from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
+    subset_problem, zero_stage_problem
 
 TASKS = ("vqa", "vcr", "nlvr2", "snli_ve", "retrieval_flickr", "refcoco_plus")
 
@@ -141,6 +143,9 @@ class FinetuneConfig:
     # auto: bf16 on GPU; on CPU bf16 autocast where the CPU has native bf16, else fp32
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     zero_stage: int = 0  # 0..3; fine-tuning runs on one rank, where ZeRO partitions nothing
+    # merged over the DeepSpeed config the engine builds, as pretrain.deepspeed: a mapping or a JSON
+    # file below deploy/deepspeed/ (params/deepspeed.py)
+    deepspeed: Mapping[str, Any] | Path = must_exist(default_factory=dict)
     divergence_guard: DivergenceGuardConfig = field(default_factory=DivergenceGuardConfig)
 
     def budget(self, task: str, init: str) -> TaskConfig:
@@ -164,4 +169,5 @@ class FinetuneConfig:
             retrieval_neg_pool=pool,
             betas=betas_problem(self.betas),
             zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2, 3)),
+            deepspeed=deepspeed_params.problem(self.deepspeed, "finetune"),
         )

@@ -28,11 +28,21 @@ def missing_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[s
         if is_dataclass(value):
             missing_paths(value, key, errors, needed_by)
             continue
-        if not f.metadata.get("must_exist") or value is None:
+        # a key that takes a mapping or a path (pretrain.deepspeed) is only checked when it is a path
+        if not f.metadata.get("must_exist") or value is None or not isinstance(value, (str, Path)):
             continue
         stages = None if needed_by is None else needed_by.get(key, [])
         if stages == [] or Path(value).exists():
             continue
+        if f.metadata.get("hub_id"):  # a Hugging Face id instead of a path: the local hub cache must hold it
+            from pipeline.common import hf_cache
+
+            if hf_cache.is_hub_id(value):
+                try:
+                    hf_cache.snapshot(str(value), hf_cache.FILES[f.metadata["hub_id"]], key=key)
+                except hf_cache.NotCached as err:
+                    errors.append(str(err))
+                continue
         errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
 
 

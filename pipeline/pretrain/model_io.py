@@ -70,7 +70,9 @@ def build_model(spec: ModelSpec, *, bert_checkpoint: Path | None, init_from_bert
         model = UniterForPretraining(spec.config, img_dim=spec.img_dim, num_classes=spec.num_classes,
                                      itm_init_std=itm_init_std, **spec.losses())
     if init_from_bert:
-        report = load_bert_weights(model, bert_checkpoint)
+        from pipeline.common.hf_cache import resolve_bert_checkpoint  # a hub id -> its cached weights file
+
+        report = load_bert_weights(model, resolve_bert_checkpoint(bert_checkpoint))
         log.info("text side initialized from %s (%d tensors)", report.path, len(report.loaded))
     return model
 

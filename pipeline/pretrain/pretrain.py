@@ -33,6 +33,7 @@ import torch
 
 from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import atomic_write_json, file_digest
+from pipeline.params import deepspeed as deepspeed_params
 from pipeline.params.parser import Params, dump_params, to_dict
 from pipeline.pretrain.export import Trained, export
 from pipeline.pretrain.plan import StagePlan, check_params, plan_stage
@@ -132,7 +133,7 @@ def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]
                        keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every, val_every=cfg.val_every,
                        checkpoint_every=cfg.checkpoint_every, grad_accum=cfg.optim.grad_accum,
                        first_phase_dropout=cfg.first_phase_dropout if plan.first_phase_steps else None,
-                       deepspeed=cfg.deepspeed)
+                       deepspeed=deepspeed_params.resolve(cfg.deepspeed))
 
 
 def train_rank(params: Params, plan: StagePlan) -> None:

