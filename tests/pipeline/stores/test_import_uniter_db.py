@@ -415,3 +415,19 @@ def test_a_release_of_only_not_converted_dbs_is_not_a_silent_success(tmp_path, t
         run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
     report = json.loads((tmp_path / "data" / "reports" / "uniter_import" / "report.json").read_text())
     assert report["image_dbs"]["release:img_db/vcr_gt_val"]["written"] is False
+
+
+def test_world_real_with_only_the_release_on_disk_imports(tmp_path, tok):
+    """A machine holding the release and no dataset: params.yaml says world: real, and no sources path exists."""
+    from helpers.source_fixtures import partial_real_params
+
+    from pipeline.__main__ import main
+
+    params, _ = partial_real_params(tmp_path)
+    root = tmp_path / "release"
+    _small_release(root, tok)
+    assert main(["import_uniter_db", "--params", str(params), "--set", f"build_dbs.uniter_release.root={root}"]) == 0
+    assert (tmp_path / "data" / "db" / "img" / "coco" / "data.mdb").is_file()
+    assert (tmp_path / "data" / "db" / "txt" / "pretrain_indomain_val" / "data.mdb").is_file()
+    assert main(["build_dbs", "--params", str(params), "--set", "build_dbs.source=uniter_release",
+                 "--set", f"build_dbs.uniter_release.root={root}"]) == 0
