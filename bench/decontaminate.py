@@ -140,9 +140,8 @@ def pretrain_batch(n: int, start: int, keys: dict, seed: int, pool: pa.Array) ->
     rng, prng = np.random.default_rng([seed, start]), random.Random(seed * 1_000_003 + start)
     i = np.arange(start, start + n)
     r = rng.random(n)
-    hosts = np.array(HOSTS, dtype=object)
-    host = pa.array(hosts[i % len(HOSTS)].tolist(), pa.string())
-    upper = pa.array([h.upper() for h in hosts[i % len(HOSTS)]], pa.string())
+    which = pa.array(i % len(HOSTS))
+    host, upper = pa.array(HOSTS).take(which), pa.array([h.upper() for h in HOSTS]).take(which)
     rand8 = _hex(rng, n, 4)
     web = _join("https://", pc.if_else(pa.array((r >= 0.55) & (r < 0.58)), upper, host), "/", _num(i % 997), "/",
                 rand8, "/photo-", _num(i), ".jpg")
@@ -178,7 +177,7 @@ def pretrain_batch(n: int, start: int, keys: dict, seed: int, pool: pa.Array) ->
                                     pa.array(mask), pa.array(planted, pa.string()))
     # ids as ingest makes them (sha1 of the URL, in no particular order): sorting them costs real time
     ids = _hex(rng, n, 20)
-    const = lambda v: pa.array(np.full(n, v, dtype=object).tolist(), pa.string())  # noqa: E731
+    const = lambda v: pa.array([v], pa.string()).take(pa.array(np.zeros(n, np.int32)))  # noqa: E731
     table = pa.table({
         "example_id": _join("cc:", ids), "dataset": const("cc"), "split": const("train"),
         "image_source": const("cc"), "image_id": ids, "image_path": _join("cc/images/", ids, ".jpg"),
