@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:  # the parser imports this module
     from pipeline.params.parser import Params
@@ -48,8 +48,11 @@ SECTION_READERS = {"extract": ("extract",), "pretrain": ("pretrain", "pretrain_m
                    "model": ("pretrain", "pretrain_masking", "pretrain_vcr", "finetune")}
 
 
-def source_needs(params: Params) -> dict[str, list[str]]:
-    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read.
+def source_needs(params: Params, datasets: Iterable[str] | None = None,
+                 image_sources: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """``{"sources.<dataset>.<key>": [stage, ...]}``: the raw inputs the configured stages read
+    (``datasets``, ``image_sources``: ingest and extract these instead of ``ingest.datasets`` and
+    ``extract.sources``).
 
     ingest@D reads ``sources.D`` (but NOT_INGESTED) and the image root of IMAGES_OF[D]; download@D
     (D in DOWNLOADED) reads ``sources.D`` but the image root it writes; decontaminate reads
@@ -65,7 +68,7 @@ def source_needs(params: Params) -> dict[str, list[str]]:
     def image_root(dataset: str) -> str:
         return f"sources.{IMAGES_OF.get(dataset, dataset)}.image_root"
 
-    for dataset in params.ingest.datasets:
+    for dataset in params.ingest.datasets if datasets is None else datasets:
         for f in fields(getattr(params.sources, dataset)):
             if f"sources.{dataset}.{f.name}" not in NOT_INGESTED:
                 add(f"sources.{dataset}.{f.name}", f"ingest@{dataset}")
@@ -81,7 +84,7 @@ def source_needs(params: Params) -> dict[str, list[str]]:
     if dec.near_duplicates:
         for dataset in (*dec.pretrain_datasets, *(d for d, splits in params.eval_splits().items() if splits)):
             add(image_root(dataset), "decontaminate")
-    for source in params.extract.sources:
+    for source in params.extract.sources if image_sources is None else image_sources:
         add(image_root(source), f"extract@{source}")
     return needs
 
@@ -106,7 +109,10 @@ def stages_run(params: Params, command: str, item: str | None) -> set[str]:
 def command_needs(params: Params, command: str, item: str | None) -> dict[str, list[str]]:
     """:func:`source_needs` restricted to the stages that ``command`` (with ``item``) runs."""
     run = stages_run(params, command, item)
-    return {key: [s for s in stages if s in run] for key, stages in source_needs(params).items()}
+    known = {f.name for f in fields(params.sources)} - {"download"}  # an unknown ITEM is the stage's to refuse
+    named = lambda stage: sorted({s.split("@", 1)[1] for s in run if s.startswith(f"{stage}@")} & known)  # noqa: E731
+    needs = source_needs(params, named("ingest"), named("extract"))  # an ITEM left out of the params too
+    return {key: [s for s in stages if s in run] for key, stages in needs.items()}
 
 
 def unread_inputs(params: Params) -> list[str]:

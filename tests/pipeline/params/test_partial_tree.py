@@ -84,3 +84,12 @@ def test_build_dbs_and_the_training_stages_read_no_source(only_cc):
     with pytest.raises(ParamsError, match=r"model.bert_checkpoint: path does not exist"):
         load_params(params, ["model.bert_checkpoint=/nowhere/bert"], command="pretrain")
     load_params(params, ["model.bert_checkpoint=/nowhere/bert"], command="ingest", item="cc")
+
+
+def test_an_item_left_out_of_the_params_is_still_checked(only_cc):
+    params, datasets, _ = only_cc
+    with pytest.raises(ParamsError, match=r"sources.vg.image_data: path does not exist.*needed by ingest@vg"):
+        load_params(params, ["ingest.datasets=[cc]", "finetune.tasks=[]"], command="ingest", item="vg")
+    with pytest.raises(ParamsError, match=r"sources.vcr.image_root: .*needed by extract@vcr"):
+        load_params(params, ["extract.sources=[cc]"], command="extract", item="vcr")
+    load_params(params, command="ingest", item="no_such_dataset")  # the stage names the dataset it does not know
