@@ -148,7 +148,7 @@ def decontaminate_streamed(dataset: str, manifest: Path, rejects: Path, index: E
                            workers: int = 1, batch_rows: int | None = None) -> DatasetResult:
     """:func:`decontaminate_dataset` of the manifest file ``manifest``, in record batches of ``batch_rows``
     (default ``streamed.BATCH_ROWS``; :mod:`pipeline.decontam.streamed`): the clean manifest is written to ``out_path`` (the same bytes
-    :func:`write_parquet` gives), memory does not grow with the row count. ``clean`` is None."""
+    :func:`write_parquet` gives) and no step holds the whole manifest. ``clean`` is None."""
     res = decontaminate_file(dataset, manifest, index, out_path, tmp_dir, finder=finder, val_coco_ids=val_coco_ids,
                              workers=workers, batch_rows=batch_rows)
     removed = _removed_entries(res.removed_rows_table, res.removed_keys, res.prefix, res.matches)

@@ -1,4 +1,4 @@
-"""One pretraining manifest decontaminated in Arrow record batches: memory bounded by the batch size.
+"""One pretraining manifest decontaminated in Arrow record batches: no step holds the whole manifest.
 
 The same result as :func:`pipeline.decontam.decontaminate.decontaminate_dataset` (the same clean
 parquet bytes, the same report), for manifests of any length (CC12M- or LAION-sized):
