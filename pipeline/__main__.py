@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.params.parser import ParamsError, load_params
 
     try:
-        params = load_params(args.params, args.overrides, check_paths=STAGES[args.command].check_paths)
+        # only the inputs this command reads: `ingest cc` runs on a machine that holds CC alone
+        params = load_params(args.params, args.overrides, check_paths=STAGES[args.command].check_paths,
+                             command=args.command, item=getattr(args, "item", None))
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

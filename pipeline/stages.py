@@ -17,7 +17,7 @@ class Stage:
     entry: str
     help: str
     item: str | None = None  # what the optional positional ITEM names, if the stage takes one
-    # False: the CLI skips the params' path check (the stage creates a checked path: download's image_root)
+    # False: the CLI skips the params' path check
     check_paths: bool = True
 
 
@@ -27,7 +27,7 @@ STAGES: dict[str, Stage] = {
         Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
         Stage("download", "pipeline.ingest.download:run",
               "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
-              item="dataset", check_paths=False),
+              item="dataset"),
         Stage("ingest", "pipeline.ingest.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
         Stage("decontaminate", "pipeline.decontam.decontaminate:run", "remove eval images from pretraining; reports"),
         Stage("train_detector", "pipeline.extract.train_detector:run", "fit the mini-world C4 detector"),

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,7 @@ from pipeline.decontam.eval_set import (IMAGE_COLUMNS, EvalIndex, inherit_identi
 from pipeline.decontam.matching import (REASONS, ImageMatch, NearDuplicateFinder, find_key_matches, image_paths,
                                         row_image_keys)
 from pipeline.decontam.phash import PhashCache
+from pipeline.decontam.streamed import count_rejects, decontaminate_file
 from pipeline.ingest.reasons import REJECT_REASONS
 from pipeline.ingest.sources.coco import read_image_info
 
@@ -43,11 +48,13 @@ SPLIT_MAP = {"train": "train", "restval": "train", "val": "val", "test": "val"}
 
 @dataclass
 class DatasetResult:
-    """Outcome for one pretraining dataset: clean table, JSON report, report samples."""
+    """Outcome for one pretraining dataset: clean table (or the file it was streamed to), JSON report,
+    report samples."""
 
-    clean: pa.Table
+    clean: pa.Table | None
     report: dict
     samples: list[dict]
+    clean_path: Path | None = None
 
 
 def pretrain_split(table: pa.Table, dataset: str, *, val_coco_ids: set[str] | None) -> pa.Array:
@@ -106,25 +113,50 @@ def decontaminate_dataset(
         clean = _clean_rows(dataset, manifest, pc.invert(removed_mask), val_coco_ids, workers)
         input_images = input_images_job.result()
     removed = _removed_entries(rows.filter(removed_mask), row_keys.filter(removed_mask), prefix, matches)
+    reject_counts: Counter = Counter(rejects.column("reason").to_pylist() if rejects.num_rows else [])
+    report = build_report(dataset, input_rows=manifest.num_rows + rejects.num_rows, input_images=input_images,
+                          kept_rows=clean.num_rows, removed_rows=int(pc.sum(removed_mask).as_py() or 0),
+                          matched_images=len(matches), removed=removed, rejects=reject_counts)
+    check_invariant(report)
+    return DatasetResult(clean=clean, report=report, samples=removed)
+
+
+def build_report(dataset: str, *, input_rows: int, input_images: int, kept_rows: int, removed_rows: int,
+                 matched_images: int, removed: list[dict], rejects: Counter) -> dict:
+    """The cleaning report of one dataset (docs/design.md §7); ``removed``: :func:`_removed_entries`."""
     removed_images = {r: 0 for r in REASONS}
     for entry in removed:
         removed_images[entry["reason"]] += 1
-    reject_counts = {r: 0 for r in REJECT_REASONS}
-    for reason in rejects.column("reason").to_pylist() if rejects.num_rows else []:
-        reject_counts[reason] = reject_counts.get(reason, 0) + 1
+    reject_counts = {r: 0 for r in REJECT_REASONS} | dict(rejects)
     report = {
         "dataset": dataset,
-        "input_rows": manifest.num_rows + rejects.num_rows,
+        "input_rows": input_rows,
         "input_images": input_images,
-        "kept_rows": clean.num_rows,
-        "kept_images": input_images - len(matches),  # removal takes every row of an image
-        "removed_rows": int(pc.sum(removed_mask).as_py() or 0),
+        "kept_rows": kept_rows,
+        "kept_images": input_images - matched_images,  # removal takes every row of an image
+        "removed_rows": removed_rows,
         "removed_images": removed_images,
         "removed": [{k: e[k] for k in ("image_id", "url", "reason", "matched_eval")} for e in removed],
         "rejected_rows": reject_counts,
     }
     check_invariant(report)
-    return DatasetResult(clean=clean, report=report, samples=removed)
+    return report
+
+
+def decontaminate_streamed(dataset: str, manifest: Path, rejects: Path, index: EvalIndex, out_path: Path,
+                           tmp_dir: Path, *, finder: NearDuplicateFinder | None, val_coco_ids: set[str] | None = None,
+                           workers: int = 1, batch_rows: int | None = None) -> DatasetResult:
+    """:func:`decontaminate_dataset` of the manifest file ``manifest``, in record batches of ``batch_rows``
+    (default ``streamed.BATCH_ROWS``; :mod:`pipeline.decontam.streamed`): the clean manifest is written to ``out_path`` (the same bytes
+    :func:`write_parquet` gives) and no step holds the whole manifest. ``clean`` is None."""
+    res = decontaminate_file(dataset, manifest, index, out_path, tmp_dir, finder=finder, val_coco_ids=val_coco_ids,
+                             workers=workers, batch_rows=batch_rows)
+    removed = _removed_entries(res.removed_rows_table, res.removed_keys, res.prefix, res.matches)
+    reject_counts = count_rejects(rejects)
+    report = build_report(dataset, input_rows=res.input_rows + sum(reject_counts.values()),
+                          input_images=res.input_images, kept_rows=res.kept_rows, removed_rows=res.removed_rows,
+                          matched_images=len(res.matches), removed=removed, rejects=reject_counts)
+    return DatasetResult(clean=None, report=report, samples=removed, clean_path=out_path)
 
 
 def _clean_rows(dataset: str, manifest: pa.Table, keep: pa.Array, val_coco_ids: set[str] | None,
@@ -267,37 +299,54 @@ def run(params) -> dict[str, dict]:
 
     results: dict[str, DatasetResult] = {}
     val_coco_ids = None
-    # COCO first: VG images of pretraining-val COCO images go to VG val
-    for dataset in sorted(cfg.pretrain_datasets, key=lambda d: (d != "coco", d)):
-        path = manifest_path(manifest_dir, dataset)
-        record.inputs[f"manifest_{dataset}"] = path
-        results[dataset] = decontaminate_dataset(
-            dataset, read_manifest(path), _read_rejects(manifest_dir, dataset), index, finder=finder,
-            val_coco_ids=val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None, workers=cfg.workers,
-        )
-        if dataset == "coco":
-            results[dataset].clean = top_up_val(results[dataset].clean, cfg.min_val_images, params.seed)
-            val_coco_ids = _val_coco_ids(results[dataset])
-        cache.save()
-    for dataset in sorted(eval_splits):
-        record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
+    data.mkdir(parents=True, exist_ok=True)
+    streamed = Path(tempfile.mkdtemp(dir=data, prefix=".decontaminate.", suffix=".tmp"))  # beside clean/: a rename
+    try:
+        # COCO first: VG images of pretraining-val COCO images go to VG val
+        for dataset in sorted(cfg.pretrain_datasets, key=lambda d: (d != "coco", d)):
+            path = manifest_path(manifest_dir, dataset)
+            record.inputs[f"manifest_{dataset}"] = path
+            vg_val = val_coco_ids if dataset == "vg" and cfg.vg_val_from_coco else None
+            if dataset == "coco":  # in memory: the val top-up draws from all its images (COCO's size is fixed)
+                results[dataset] = decontaminate_dataset(
+                    dataset, read_manifest(path), _read_rejects(manifest_dir, dataset), index, finder=finder,
+                    workers=cfg.workers)
+                results[dataset].clean = top_up_val(results[dataset].clean, cfg.min_val_images, params.seed)
+                val_coco_ids = _val_coco_ids(results[dataset])
+            else:  # streamed: web-scale manifests (CC, SBU, ...) in bounded memory
+                read_manifest(path, columns=())  # names the ingest stage when the file is missing
+                _read_rejects(manifest_dir, dataset)
+                runs = streamed / f"{dataset}.runs"
+                runs.mkdir()
+                results[dataset] = decontaminate_streamed(
+                    dataset, path, manifest_dir / f"{dataset}.rejects.parquet", index,
+                    streamed / f"{dataset}.parquet", runs, finder=finder, val_coco_ids=vg_val, workers=cfg.workers)
+                shutil.rmtree(runs)
+            cache.save()
+        for dataset in sorted(eval_splits):
+            record.inputs[f"manifest_{dataset}"] = manifest_path(manifest_dir, dataset)
 
-    with atomic_dir(data / "reports" / "cleaning", stage="decontaminate") as out:
-        for dataset, result in sorted(results.items()):
-            cleaning_report.write_cleaning_report(out, result.report, cleaning_report.pick_samples(result.samples, cfg.report_samples),
-                                          eval_paths=index.image_paths, ref_images=index.ref_images)
-        cleaning_report.write_summary(out, [r.report for _, r in sorted(results.items())])
-    with atomic_dir(data / "clean", stage="decontaminate") as out:
-        for dataset, result in sorted(results.items()):
-            write_parquet(result.clean, out / f"{dataset}.parquet")
-            rep = result.report
-            record.counts[dataset] = {k: rep[k] for k in ("input_rows", "kept_rows", "removed_rows")} | {
-                "removed_images": sum(rep["removed_images"].values()),
-                "rejected_rows": sum(rep["rejected_rows"].values()),
-            }
-        record.extra["eval_images"] = len(index)
-        record.extra["eval_splits"] = params.eval_split_origins()
-        record.write(out)
+        with atomic_dir(data / "reports" / "cleaning", stage="decontaminate") as out:
+            for dataset, result in sorted(results.items()):
+                cleaning_report.write_cleaning_report(out, result.report, cleaning_report.pick_samples(result.samples, cfg.report_samples),
+                                              eval_paths=index.image_paths, ref_images=index.ref_images)
+            cleaning_report.write_summary(out, [r.report for _, r in sorted(results.items())])
+        with atomic_dir(data / "clean", stage="decontaminate") as out:
+            for dataset, result in sorted(results.items()):
+                if result.clean_path is not None:
+                    os.replace(result.clean_path, out / f"{dataset}.parquet")
+                else:
+                    write_parquet(result.clean, out / f"{dataset}.parquet")
+                rep = result.report
+                record.counts[dataset] = {k: rep[k] for k in ("input_rows", "kept_rows", "removed_rows")} | {
+                    "removed_images": sum(rep["removed_images"].values()),
+                    "rejected_rows": sum(rep["rejected_rows"].values()),
+                }
+            record.extra["eval_images"] = len(index)
+            record.extra["eval_splits"] = params.eval_split_origins()
+            record.write(out)
+    finally:
+        shutil.rmtree(streamed, ignore_errors=True)
     for dataset, result in sorted(results.items()):
         rep = result.report
         log.info("%s: %d input rows -> %d kept, %d removed (%s), %d rejected", dataset, rep["input_rows"],

@@ -36,7 +36,7 @@ from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_sp
 from pipeline.params.extract import ExtractConfig
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, apply_task_presets
 from pipeline.params.ingest import IngestConfig
-from pipeline.params.inputs import missing_paths, source_needs, unread_inputs
+from pipeline.params.inputs import SECTION_READERS, command_needs, missing_paths, source_needs, unread_inputs
 from pipeline.params.model import ModelConfig
 from pipeline.params.pretrain import PretrainConfig, apply_recipe
 from pipeline.params.world import MiniWorldConfig, SourcesConfig
@@ -290,8 +290,12 @@ def load_raw(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
     return raw
 
 
-def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_paths: bool = True) -> Params:
+def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_paths: bool = True,
+                 command: str | None = None, item: str | None = None) -> Params:
     """Parse a raw mapping into :class:`Params`; raise ParamsError naming the key and ``source``.
+
+    ``command`` (a CLI command, with its ``item``) limits the path check to what that command reads
+    (``pipeline.params.inputs.command_needs``); None checks what every configured stage reads.
 
     Keys that ``pretrain.recipe`` governs and ``raw`` leaves null or absent get that recipe's value
     first (``params.pretrain.apply_recipe``; ``raw`` itself is not changed)."""
@@ -308,23 +312,27 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
         log.warning("%s: %s", source, message)
     if check_paths:
         errors: list[str] = []
-        if params.world == "real":  # only what the configured stages read: a partial download is fine
-            missing_paths(params.sources, "sources", errors, source_needs(params))
-        for section in ("model", "pretrain", "finetune", "extract"):
-            missing_paths(getattr(params, section), section, errors)
+        if params.world == "real":  # only what the stages run read: a partial download is fine
+            needs = source_needs(params) if command is None else command_needs(params, command, item)
+            missing_paths(params.sources, "sources", errors, needs)
+        for section, readers in SECTION_READERS.items():
+            if command is None or command in readers:
+                missing_paths(getattr(params, section), section, errors)
         if errors:
             raise ParamsError(f"{source}: " + "; ".join(errors))
     return params
 
 
 def load_params(
-    path: Path | str = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True
+    path: Path | str = DEFAULT_PARAMS, overrides: list[str] | tuple[str, ...] = (), *, check_paths: bool = True,
+    command: str | None = None, item: str | None = None,
 ) -> Params:
-    """Read ``path``, apply ``--set`` overrides, parse strictly. Raises ParamsError."""
+    """Read ``path``, apply ``--set`` overrides, parse strictly (``command``, ``item``: see
+    :func:`parse_params`). Raises ParamsError."""
     raw = load_raw(path)
     for assignment in overrides:
         apply_override(raw, assignment)
-    return parse_params(raw, source=str(path), check_paths=check_paths)
+    return parse_params(raw, source=str(path), check_paths=check_paths, command=command, item=item)
 
 
 def to_dict(obj: Any) -> Any:

@@ -119,7 +119,7 @@ ImageLayout = Literal["img2dataset", "sha1"]
 @dataclass(frozen=True)
 class CcSource:
     train_tsv: Path = must_exist()
-    val_tsv: Path = must_exist()
+    val_tsv: Path | None = must_exist()  # null: training TSV only (build_dbs then holds out outdomain_val_size)
     image_root: Path = must_exist()  # the downloaded images (the download@cc stage's output folder)
     image_layout: ImageLayout = "img2dataset"
 

@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.common.ownership import check_owned, remove_owned, write_marker
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
 from pipeline.ingest.sources.records import SourceFormatError
 from pipeline.params.parser import Params
 from pipeline.stores.build_dbs import remove_stale_temps
 from pipeline.stores.tokenization import WordPieceTokenizer
-from pipeline.stores.uniter_release.images import STAGE, Rule, convert_image_db, find_release_db
-from pipeline.stores.uniter_release.layout import IMAGE_DIRS, TEXT_SOURCES, TEXT_TARGETS
-from pipeline.stores.uniter_release.texts import convert_text_db
+from pipeline.stores.uniter_release.formats import feature_db_name, nbb_file_name
+from pipeline.stores.uniter_release.images import STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db
+from pipeline.stores.uniter_release.layout import (IMAGE_DIRS, NOT_CONVERTED_IMAGE_DIRS, NOT_CONVERTED_TEXT_DBS,
+                                                   TEXT_SOURCES, TEXT_TARGETS)
+from pipeline.stores.uniter_release.texts import check_tokenizer, convert_text_db
 
 log = logging.getLogger(__name__)
 REPORT_DIR = Path("reports") / "uniter_import"  # under paths.data
+STAGING = ".uniter_import.tmp"  # under paths.data/db: every DB is written here first (all or nothing)
 
 
 def _class_names(path: Path | None) -> list[str] | None:
@@ -46,64 +53,131 @@ def _ans2label(path: Path | None, release_txt: Path) -> tuple[dict[str, int] | N
             if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
                 raise SourceFormatError(f"{p}: expected {{answer: label}} with labels 0..n-1")
             return vocab, str(p)
-    return None, f"no answer vocabulary: set build_dbs.uniter_release.ans2label (UNITER's utils/ans2label.json)"
+    return None, "no answer vocabulary: set build_dbs.uniter_release.ans2label (UNITER's utils/ans2label.json)"
 
 
-def import_images(params: Params, img_root: Path, digest: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """Every image DB the release has; returns (report per DB name, release image name -> qualified id)."""
-    rel = params.build_dbs.uniter_release
+@dataclass
+class _Plan:
+    """What the import will read, found and checked before anything is written."""
+
+    rule: Rule
+    image_groups: dict[str, list[ReleaseImageDb]]  # this project's image DB -> release DBs
+    text_sources: dict[str, Path]  # release text DB name -> txt_db/<name>.db
+    tok: WordPieceTokenizer
+    ans2label: dict[str, int] | None
+    class_names: list[str] | None
+    not_converted: dict[str, dict[str, Any]] = field(default_factory=dict)  # report entries
+
+
+def _nbb_problem(db: ReleaseImageDb) -> str | None:
+    """Why the nbb file of ``db`` cannot be used (None: it maps names to region counts >= 0)."""
+    bad = next(((k, v) for k, v in (db.nbb or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v < 0),
+               None)
+    return None if bad is None else f"entry {bad[0]!r} is {bad[1]!r}, expected a region count (an integer >= 0)"
+
+
+def preflight(params: Params) -> _Plan:
+    """Every check that needs no entry decoded, before anything is written; raises SourceFormatError.
+
+    Folder names (an image directory or text DB this importer does not know is an error listing the
+    names it knows), the LMDB and nbb file each image directory holds for the configured rule, every
+    text DB's tokenizer ids, the answer vocabulary when VQA DBs are present, the class names.
+    """
+    rel, cfg = params.build_dbs.uniter_release, params.build_dbs
+    if not (rel.root / "img_db").is_dir() and not (rel.root / "txt_db").is_dir():
+        raise SourceFormatError(f"build_dbs.uniter_release.root: {rel.root} holds neither img_db/ nor txt_db/ "
+                                f"(expected the directory UNITER's download scripts filled)")
     rule = Rule(rel.conf_th, rel.max_bb, rel.min_bb)
-    release_img = rel.root / "img_db"
-    report: dict[str, Any] = {}
-    groups: dict[str, list] = {}
+    plan = _Plan(rule, {}, {}, WordPieceTokenizer(cfg.tokenizer), None, _class_names(rel.class_names))
+    problems, unknown = [], []
+    release_img, release_txt = rel.root / "img_db", rel.root / "txt_db"
     for d in sorted(p for p in release_img.iterdir() if p.is_dir()) if release_img.is_dir() else []:
-        if d.name not in IMAGE_DIRS:
-            report[f"release:img_db/{d.name}"] = {
-                "written": False,
-                "why": "no image DB of this project is made from it (VCR and RefCOCO image DBs are not converted)"}
-            continue
-        found = find_release_db(d, rule)
-        if found is None:
-            report[f"release:img_db/{d.name}"] = {"written": False, "why": f"no LMDB for the rule {rule} in it"}
-            continue
-        groups.setdefault(IMAGE_DIRS[d.name], []).append(found)
+        if NOT_CONVERTED_IMAGE_DIRS.fullmatch(d.name):
+            plan.not_converted[f"release:img_db/{d.name}"] = {
+                "written": False, "why": "no image DB of this project is made from it (VCR and RefCOCO are not converted)"}
+        elif d.name not in IMAGE_DIRS:
+            unknown.append(f"img_db/{d.name}")
+        elif (found := find_release_db(d, rule)) is None:
+            held = sorted(p.name for p in d.iterdir() if p.name.startswith("feat_")) or ["no feat_* LMDB"]
+            want = feature_db_name(rule.conf_th, rule.max_bb, rule.min_bb)
+            problems.append(f"{d}: no {want}[_compressed]/data.mdb (the LMDB of the rule {rule}); it holds {held}: "
+                            f"set build_dbs.uniter_release.conf_th, max_bb, min_bb to match")
+        elif (bad := _nbb_problem(found)) is not None:
+            problems.append(f"{d / nbb_file_name(rule.conf_th, rule.max_bb, rule.min_bb)}: {bad}")
+        else:
+            plan.image_groups.setdefault(IMAGE_DIRS[d.name], []).append(found)
+    for p in sorted(release_txt.glob("*.db")) if release_txt.is_dir() else []:
+        name = p.name[: -len(".db")]
+        if NOT_CONVERTED_TEXT_DBS.fullmatch(name):
+            plan.not_converted[f"release:txt_db/{p.name}"] = {
+                "written": False, "why": "no text DB of this project is made from it (VCR and RefCOCO are not converted)"}
+        elif name not in TEXT_SOURCES:
+            unknown.append(f"txt_db/{p.name}")
+        elif not (p / "data.mdb").is_file():
+            problems.append(f"{p}: no data.mdb (an unfinished download or extraction?)")
+        else:
+            plan.text_sources[name] = p
+    if unknown:
+        known_img = sorted(IMAGE_DIRS) + [NOT_CONVERTED_IMAGE_DIRS.pattern + " (not converted)"]
+        known_txt = [f"{n}.db" for n in sorted(TEXT_SOURCES)] + [NOT_CONVERTED_TEXT_DBS.pattern + " (not converted)"]
+        problems.append(f"{rel.root}: {', '.join(unknown)} not known to the importer (renamed?); it knows img_db/ "
+                        f"{', '.join(known_img)} and txt_db/ {', '.join(known_txt)}")
+    for name, path in plan.text_sources.items():
+        try:
+            check_tokenizer(path / "meta.json", plan.tok)
+        except (SourceFormatError, OSError, ValueError) as err:
+            problems.append(str(err))
+    vqa = [n for n in plan.text_sources if TEXT_SOURCES[n].task == "vqa"]
+    if vqa:
+        plan.ans2label, why = _ans2label(rel.ans2label, release_txt)
+        if plan.ans2label is None:
+            problems.append(f"{', '.join(f'txt_db/{n}.db' for n in vqa)}: {why}")
+    if problems:
+        raise SourceFormatError("import_uniter_db: nothing written; " + "; ".join(problems))
+    return plan
+
+
+def import_images(params: Params, plan: _Plan, img_root: Path, digest: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every image DB of ``plan`` below ``img_root``; returns (report per DB name, release image name -> qualified id)."""
+    report: dict[str, Any] = {k: v for k, v in plan.not_converted.items() if k.startswith("release:img_db/")}
     images: dict[str, str] = {}
     cfg = params.build_dbs
-    class_names = _class_names(rel.class_names)
-    for name, dbs in sorted(groups.items()):
-        remove_stale_temps(img_root / name)
-        report[name], written = convert_image_db(name, dbs, img_root / name, rule, class_names=class_names,
+    for name, dbs in sorted(plan.image_groups.items()):
+        report[name], written = convert_image_db(name, dbs, img_root / name, plan.rule, class_names=plan.class_names,
                                                  compression=cfg.compression, commit_every=cfg.commit_every,
                                                  params_digest=digest)
         images.update(written)
     return report, images
 
 
-def import_texts(params: Params, txt_root: Path, images: dict[str, str], digest: str) -> dict[str, Any]:
-    """Every text DB of :data:`TEXT_TARGETS` the release has a source of; returns the report per DB."""
-    cfg, rel = params.build_dbs, params.build_dbs.uniter_release
-    release_txt = rel.root / "txt_db"
-    present = {p.name[: -len(".db")]: p for p in sorted(release_txt.glob("*.db")) if (p / "data.mdb").is_file()} \
-        if release_txt.is_dir() else {}
-    not_converted = "no text DB of this project is made from it (VCR, RefCOCO and unknown DBs are not converted)"
-    report: dict[str, Any] = {f"release:txt_db/{n}.db": {"written": False, "why": not_converted}
-                              for n in present if n not in TEXT_SOURCES}
-    ans2label, vocab_from = _ans2label(rel.ans2label, release_txt)
-    tok = WordPieceTokenizer(cfg.tokenizer)
+def import_texts(params: Params, plan: _Plan, txt_root: Path, images: dict[str, str], digest: str) -> dict[str, Any]:
+    """Every text DB of :data:`TEXT_TARGETS` the release has a source of, below ``txt_root``; the report per DB."""
+    cfg = params.build_dbs
+    report: dict[str, Any] = {k: v for k, v in plan.not_converted.items() if k.startswith("release:txt_db/")}
     for target in TEXT_TARGETS:
-        sources = [present[s] for s in target.sources if s in present]
+        sources = [plan.text_sources[s] for s in target.sources if s in plan.text_sources]
         if not sources:
             continue
-        if target.task == "vqa" and ans2label is None:
-            report[target.name] = {"written": False, "why": vocab_from, "release_dbs": [str(p) for p in sources]}
-            continue
-        remove_stale_temps(txt_root / target.name)
         report[target.name] = convert_text_db(
-            target, sources, txt_root / target.name, tok=tok, images=images,
-            ans2label=ans2label if target.task == "vqa" else None, max_len=cfg.max_txt_len,
+            target, sources, txt_root / target.name, tok=plan.tok, images=images,
+            ans2label=plan.ans2label if target.task == "vqa" else None, max_len=cfg.max_txt_len,
             compression=cfg.compression, commit_every=cfg.commit_every, params_digest=digest)
-        report[target.name]["missing_release_dbs"] = [s for s in target.sources if s not in present]
+        report[target.name]["missing_release_dbs"] = [s for s in target.sources if s not in plan.text_sources]
     return report
+
+
+def _publish(staged: Path, final_root: Path, names: list[str]) -> None:
+    """Move each staged DB ``staged/<name>`` to ``final_root/<name>``, replacing what was there."""
+    final_root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        final = final_root / name
+        check_owned(final, action="replace")
+        old = final.with_name(f".{name}.old.{os.getpid()}") if final.exists() else None
+        if old is not None:
+            os.replace(final, old)
+        os.replace(staged / name, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def report_markdown(report: dict[str, Any]) -> str:
@@ -121,16 +195,32 @@ def report_markdown(report: dict[str, Any]) -> str:
 
 
 def run(params: Params) -> dict[str, Any]:
-    """Convert the release; returns the report (also written under data/reports/uniter_import/)."""
+    """Convert the release; returns the report (also written under data/reports/uniter_import/).
+
+    All or nothing: :func:`preflight` checks what it can before reading an entry, then every DB is
+    written into a staging folder and moved into ``data/db/`` only when all of them converted, so
+    a refusal (an unsafe entry, a class-name count) leaves the DBs of an earlier run as they were.
+    """
     rel, data = params.build_dbs.uniter_release, params.paths.data
-    if not (rel.root / "img_db").is_dir() and not (rel.root / "txt_db").is_dir():
-        # an input to fix, not a bug: the CLI prints it without a traceback (exit 2)
-        raise SourceFormatError(f"build_dbs.uniter_release.root: {rel.root} holds neither img_db/ nor txt_db/ "
-                                f"(expected the directory UNITER's download scripts filled)")
+    plan = preflight(params)
     img_root, txt_root = data / "db" / "img", data / "db" / "txt"
+    targets = [(img_root, n) for n in plan.image_groups] + [
+        (txt_root, t.name) for t in TEXT_TARGETS if any(s in plan.text_sources for s in t.sources)]
+    for root, name in targets:
+        check_owned(root / name, action="replace")  # a foreign directory stops the import before any work
+        remove_stale_temps(root / name)
     digest = params.section_digest("build_dbs")
-    img_report, images = import_images(params, img_root, digest)
-    txt_report = import_texts(params, txt_root, images, digest)
+    staging = data / "db" / STAGING
+    remove_owned(staging)  # what a killed import left
+    staging.mkdir(parents=True)
+    write_marker(staging, STAGE)
+    try:
+        img_report, images = import_images(params, plan, staging / "img", digest)
+        txt_report = import_texts(params, plan, staging / "txt", images, digest)
+        _publish(staging / "img", img_root, sorted(n for n, e in img_report.items() if e["written"]))
+        _publish(staging / "txt", txt_root, sorted(n for n, e in txt_report.items() if e["written"]))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     for root, part in ((img_root, img_report), (txt_root, txt_report)):
         summary = RunRecord(STAGE, digest)
         summary.counts.update({n: e for n, e in part.items() if e["written"]})
@@ -141,6 +231,9 @@ def run(params: Params) -> dict[str, Any]:
     out = data / REPORT_DIR
     atomic_write_json(out / "report.json", report)
     atomic_write_bytes(out / "report.md", report_markdown(report).encode("utf-8"))
-    log.info("import_uniter_db: %d image DBs, %d text DBs written; report %s",
-             sum(e["written"] for e in img_report.values()), sum(e["written"] for e in txt_report.values()), out)
+    n_img, n_txt = (sum(e["written"] for e in part.values()) for part in (img_report, txt_report))
+    log.info("import_uniter_db: %d image DBs, %d text DBs written; report %s", n_img, n_txt, out)
+    if not n_img + n_txt:
+        raise SourceFormatError(f"import_uniter_db: no DB written from {rel.root}; {out / 'report.md'} says why "
+                                "for each release DB")
     return report

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,12 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from pipeline.ingest.ingest import IngestResult, ingest_dataset
+from pipeline.ingest.sources.web_images import url_key
+from pipeline.mini_world.shards import SHARD_SCHEMA
 from pipeline.params.parser import Params, load_params
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +117,53 @@ def ingest(params: Params, dataset: str) -> tuple[IngestResult, pd.DataFrame, pd
 def fates(rejects: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(file name, locator, reason) of every reject, in file order."""
     return [(Path(f).name, loc, reason) for f, loc, reason in zip(rejects.source_file, rejects.locator, rejects.reason)]
+
+
+def write_shard(root: Path, shard: int, rows: list[tuple[str, str, str | None]], *, finished: bool = True,
+                per_shard: int = 100) -> None:
+    """Shard ``shard`` of img2dataset's output: rows (url, status, error_message), keys numbered as
+    img2dataset numbers them; the image of a successful row is moved in from ``<root>/<sha1>.jpg``."""
+    name = f"{shard:05d}"
+    (root / name).mkdir(parents=True, exist_ok=True)
+    metas = []
+    for i, (url, status, error) in enumerate(rows):
+        key = f"{per_shard * shard + i:07d}"
+        flat = root / f"{url_key(url)}.jpg"
+        if status == "success":
+            shutil.move(flat, root / name / f"{key}.jpg")
+        metas.append({"caption": None, "url": url, "key": key, "status": status, "error_message": error}
+                     | {k: None for k in SHARD_SCHEMA.names[5:]})
+    pq.write_table(pa.Table.from_pylist(metas, schema=SHARD_SCHEMA), root / f"{name}.parquet")
+    if finished:
+        (root / f"{name}_stats.json").write_text(json.dumps({"count": len(rows)}))
+
+
+def partial_real_params(tmp_path: Path) -> tuple[Path, Path]:
+    """(params file, datasets root): the repo's params.yaml with ``world: real``, every ``sources`` path
+    moved from data/raw/mini/ to an empty ``<tmp>/datasets/`` (nothing on disk until a test puts a
+    dataset there in its published layout) and ``paths.data`` at ``<tmp>/data``. Nothing else changes:
+    ``ingest.datasets``, ``extract.sources`` and ``finetune.tasks`` still name every dataset."""
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    text = (REPO / "params.yaml").read_text().replace("data/raw/mini/", f"{datasets}/")
+    text = text.replace("\nworld: mini ", "\nworld: real ", 1).replace("\n  data: data ", f"\n  data: {tmp_path / 'data'} ", 1)
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path, datasets
+
+
+def put_cc(datasets: Path, scratch: Path) -> Path:
+    """CC in its published layout below ``datasets/cc``: the fixture TSVs and, in img2dataset's
+    layout, the fixture images (one finished shard; a URL without an image failed with a 404)."""
+    cc = datasets / "cc"
+    cc.mkdir(parents=True)
+    for tsv in ("Train_GCC-training.tsv", "Validation_GCC-1.1.0-Validation.tsv"):
+        shutil.copy(FIXTURES / "cc" / tsv, cc / tsv)
+    write_fixture_images(scratch)
+    shutil.move(scratch / "cc", cc / "images")
+    urls = ["http://example.com/img/1.jpg", "http://example.com/img/7.jpg", "http://example.com/img/10.jpg",
+            "https://example.com/img/13.jpg?x=1", "http://example.com/val/1.jpg"]
+    rows = [(u, "success", None) if (cc / "images" / f"{url_key(u)}.jpg").exists()
+            else (u, "failed_to_download", "HTTP Error 404: Not Found") for u in urls]
+    write_shard(cc / "images", 0, rows)
+    return cc

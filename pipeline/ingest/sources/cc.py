@@ -27,7 +27,8 @@ IMAGES_REPEAT = False  # one image per URL: no point caching image checks
 
 
 def input_files(sources) -> dict[str, Path]:
-    return {"train_tsv": sources.cc.train_tsv, "val_tsv": sources.cc.val_tsv}
+    files = {"train_tsv": sources.cc.train_tsv, "val_tsv": sources.cc.val_tsv}
+    return {key: path for key, path in files.items() if path is not None}  # val_tsv may be null
 
 
 def read(ctx: ReadContext) -> Iterator[Row | Reject]:
@@ -37,11 +38,12 @@ def read(ctx: ReadContext) -> Iterator[Row | Reject]:
 
 
 def parse(ctx: ReadContext) -> Iterator[Row | Reject]:
-    """Both TSVs' lines as Rows (``image_path`` not yet known: None) or Rejects; the download@ stage
-    reads the URLs to fetch from these Rows."""
+    """Both TSVs' lines (the training TSV's alone when ``val_tsv`` is null) as Rows (``image_path`` not
+    yet known: None) or Rejects; the download@ stage reads the URLs to fetch from these Rows."""
     src = ctx.sources.cc
     return itertools.chain.from_iterable(
-        read_tsv(Path(path), split, ctx) for split, path in (("train", src.train_tsv), ("val", src.val_tsv)))
+        read_tsv(Path(path), split, ctx) for split, path in (("train", src.train_tsv), ("val", src.val_tsv))
+        if path is not None)
 
 
 def read_tsv(path: Path, split: str, ctx: ReadContext) -> Iterator[Row | Reject]:

@@ -21,6 +21,11 @@ IMAGE_DIRS = {
     "nlvr2_train": "nlvr2", "nlvr2_dev": "nlvr2", "nlvr2_test": "nlvr2",
 }
 
+# the release's image DB directories and text DBs that no DB of this project is made from (VCR's
+# gt/detected image pairs, RefCOCO's instance files): reported as not converted; any other name is an error
+NOT_CONVERTED_IMAGE_DIRS = re.compile(r"vcr(_gt)?_(train|val|test)|re_coco_(gt|det)")
+NOT_CONVERTED_TEXT_DBS = re.compile(r"vcr_(train|val|test)|refcoco(\+|g)?_(train|val|test|testA|testB)")
+
 # UNITER's VE labels (its utils/misc.py VE_IDX2ENT): index -> name; this project orders them as SNLI_LABELS
 UNITER_VE_LABELS = ("contradiction", "entailment", "neutral")
 VE_LABEL_MAP = {i: SNLI_LABELS.index(name) for i, name in enumerate(UNITER_VE_LABELS)}

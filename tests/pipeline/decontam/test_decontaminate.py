@@ -432,3 +432,49 @@ def test_top_up_val_never_takes_more_than_half_the_train_images(caplog):
     with caplog.at_level("WARNING"):
         out = decontaminate.top_up_val(clean, 60, seed=1)
     assert out.column("split").to_pylist().count("val") == 5 and "min_val_images=60" in caplog.text
+
+
+@pytest.mark.parametrize("batch_rows", [7, 1 << 20])
+def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_rows):
+    """decontaminate_streamed (record batches, sorted runs merged) against decontaminate_dataset (the whole
+    table): the same clean parquet bytes and the same report, also when every batch is a few rows."""
+    from pipeline.decontam.eval_set import EvalIndex, read_eval_images
+
+    w, data, _ = world
+    params = _params(data, "decontaminate.near_duplicates=false")
+    manifests = data / "manifests"
+    index = EvalIndex.build(decontaminate.eval_identities(params, read_eval_images(manifests, params.eval_splits())))
+    for dataset in ("cc", "sbu", "vg"):
+        path, rejects = manifests / f"{dataset}.parquet", manifests / f"{dataset}.rejects.parquet"
+        whole = decontaminate.decontaminate_dataset(dataset, pq.read_table(path), pq.read_table(rejects, columns=["reason"]),
+                                                    index, finder=None)
+        decontaminate.write_parquet(whole.clean, tmp_path / f"{dataset}.whole.parquet")
+        runs = tmp_path / f"{dataset}.runs"
+        runs.mkdir()
+        streamed = decontaminate.decontaminate_streamed(dataset, path, rejects, index, tmp_path / f"{dataset}.parquet",
+                                                        runs, finder=None, batch_rows=batch_rows)
+        assert streamed.report == whole.report and streamed.samples == whole.samples
+        assert (tmp_path / f"{dataset}.parquet").read_bytes() == (tmp_path / f"{dataset}.whole.parquet").read_bytes()
+        assert whole.report["removed_rows"] > 0 or dataset == "vg"
+
+
+def test_merge_runs_orders_rows_across_runs_with_small_buffers(tmp_path):
+    from pipeline.decontam import streamed
+
+    rng = np.random.default_rng(0)
+    ids = [f"x:{v:012x}" for v in rng.integers(0, 1 << 40, 5000)]
+    ids = sorted(set(ids), key=lambda _: rng.random())
+    paths = []
+    for k in range(0, len(ids), 900):
+        part = sorted(ids[k:k + 900])
+        paths.append(tmp_path / f"run{k}.arrow")
+        streamed._write_run(pa.table({"example_id": part, "n": list(range(len(part)))}), paths[-1], 50)
+    merged = pa.concat_tables(list(streamed.merge_runs(paths, "example_id")))
+    assert merged.column("example_id").to_pylist() == sorted(ids)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key_runs = []
+    for k, chunk in enumerate((ids[:3000], ids[2000:])):  # overlapping: 1000 keys in both
+        key_runs.append(keys / f"k{k}.arrow")
+        streamed._write_run(pa.table({"key": sorted(chunk)}), key_runs[-1], 64)
+    assert streamed.count_distinct_runs(key_runs) == len(ids)

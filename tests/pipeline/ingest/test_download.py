@@ -153,16 +153,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_creates_the_image_root_the_path_check_would_demand(tmp_path):
-    """world: real needs sources.cc.image_root for ingest@cc; download, which creates it, is not stopped
-    by that check but by its own: the source files, then the img2dataset executable."""
+    """world: real needs sources.cc.image_root for ingest@cc; download, which creates it, is checked for
+    the files it reads (the TSVs, at parse time: exit 2), then the img2dataset executable."""
     tsv = tmp_path / "train.tsv"
     tsv.write_text("a caption\thttp://example.com/1.jpg\n")
     common = ["--set", "world=real", "--set", f"sources.cc.image_root={tmp_path / 'images'}",
               "--set", f"sources.cc.train_tsv={tsv}", "--set", f"paths.data={tmp_path / 'data'}"]
     out = _cli("cc", *common, "--set", f"sources.cc.val_tsv={tmp_path / 'absent.tsv'}")
-    assert out.returncode == 1 and f"sources.cc.val_tsv: path does not exist: {tmp_path / 'absent.tsv'}" in out.stderr
-    out = _cli("cc", *common, "--set", f"sources.cc.val_tsv={tsv}", "--set", "sources.download.command=/no/img2dataset")
-    assert out.returncode == 1 and "sources.download.command: /no/img2dataset is not an executable" in out.stderr
+    assert out.returncode == 2, out.stderr
+    assert f"sources.cc.val_tsv: path does not exist: {tmp_path / 'absent.tsv'} (needed by download@cc)" in out.stderr
+    assert "image_root" not in out.stderr
+    for val in (tsv, "null"):  # the validation TSV is optional
+        out = _cli("cc", *common, "--set", f"sources.cc.val_tsv={val}", "--set", "sources.download.command=/no/img")
+        assert out.returncode == 1 and "sources.download.command: /no/img is not an executable" in out.stderr
     assert not (tmp_path / "images").exists()
     out = _cli("cc", "--set", "world=mini", "--set", f"paths.data={tmp_path / 'data'}")
     assert out.returncode == 1 and "world is mini" in out.stderr

@@ -303,8 +303,9 @@ def test_tokenizer_mismatch_names_the_key(tmp_path, tok):
     d = write_txt_db(root, "pretrain_coco_val", {"1": {"input_ids": [2000], "img_fname": coco("val2014", 3)}}, tok)
     meta = json.loads((d / "meta.json").read_text())
     (d / "meta.json").write_text(json.dumps(meta | {"CLS": 5}))
-    with pytest.raises(SourceFormatError, match=r"meta.json: CLS = 5.*build_dbs.tokenizer"):
+    with pytest.raises(SourceFormatError, match=r"nothing written.*meta.json: CLS = 5.*build_dbs.tokenizer"):
         run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+    assert not (tmp_path / "data" / "db").exists()  # checked before the image DB was written, not after
 
 
 def test_build_dbs_with_source_uniter_release_runs_the_import_and_exits_2_on_a_pickle_entry(tmp_path):
@@ -330,3 +331,103 @@ def test_the_stage_is_on_the_cli_and_shares_build_dbs_lock():
 def test_a_root_without_the_release_is_named(tmp_path):
     with pytest.raises(SourceFormatError, match=r"build_dbs.uniter_release.root: .*nowhere holds neither img_db/"):
         run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={tmp_path / 'nowhere'}"))
+
+
+# --------------------------------------------------------------------------------------------
+# all or nothing: every check before anything is written
+
+
+def _small_release(root: Path, tok: WordPieceTokenizer, *, vqa: bool = False) -> None:
+    """One COCO val image DB and a pretraining text DB on it (+ a VQA one)."""
+    write_img_db(root, "coco_val2014", {coco("val2014", 3): regions(np.random.default_rng(4), 10)}, compressed=True,
+                 nbb={coco("val2014", 3): 10})
+    write_txt_db(root, "pretrain_coco_val", {"1": {"input_ids": [2000], "img_fname": coco("val2014", 3)}}, tok)
+    if vqa:
+        write_txt_db(root, "vqa_devval", {"7": {"input_ids": [2001], "img_fname": coco("val2014", 3),
+                                                "target": {"labels": [0], "scores": [1.0]}}}, tok)
+
+
+def test_an_unknown_image_folder_is_an_error_listing_the_known_names(tmp_path, tok):
+    root = tmp_path / "release"
+    _small_release(root, tok)
+    write_img_db(root, "coco_test", {coco("test2015", 1): regions(np.random.default_rng(5), 10)}, compressed=True,
+                 nbb={coco("test2015", 1): 10})  # renamed: the release calls it coco_test2015
+    with pytest.raises(SourceFormatError) as err:
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+    message = str(err.value)
+    assert "img_db/coco_test not known to the importer" in message and "coco_test2015" in message
+    assert "pretrain_coco_val.db" in message  # the text DB names it knows too
+    assert not (tmp_path / "data" / "db").exists()
+
+
+def test_an_unknown_text_db_is_an_error(tmp_path, tok):
+    root = tmp_path / "release"
+    _small_release(root, tok)
+    write_txt_db(root, "pretrain_coco_tain", {"1": {"input_ids": [2000], "img_fname": coco("val2014", 3)}}, tok)
+    with pytest.raises(SourceFormatError, match=r"txt_db/pretrain_coco_tain.db not known.*pretrain_coco_train.db"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+    assert not (tmp_path / "data" / "db").exists()
+
+
+def test_vqa_without_answer_vocabulary_and_a_bad_nbb_file_stop_before_writing(tmp_path, tok):
+    root = tmp_path / "release"
+    _small_release(root, tok, vqa=True)
+    (root / "img_db" / "coco_val2014" / NBB).write_text(json.dumps({coco("val2014", 3): "ten"}))
+    with pytest.raises(SourceFormatError) as err:
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+    message = str(err.value)
+    assert "txt_db/vqa_devval.db: no answer vocabulary: set build_dbs.uniter_release.ans2label" in message
+    assert f"{NBB}: entry '{coco('val2014', 3)}' is 'ten', expected a region count" in message
+    assert not (tmp_path / "data" / "db").exists()
+
+
+def test_a_rule_without_its_lmdb_names_what_the_folder_holds(tmp_path, tok):
+    root = tmp_path / "release"
+    _small_release(root, tok)
+    with pytest.raises(SourceFormatError, match=r"coco_val2014: no feat_th0.2_max36_min10\[_compressed\]/data.mdb"
+                                                r".*holds \['feat_th0.2_max100_min10_compressed'\]"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}",
+                       "build_dbs.uniter_release.max_bb=36"))
+
+
+def test_a_refusal_in_a_later_db_leaves_the_earlier_run_untouched(tmp_path, tok):
+    root, data = tmp_path / "release", tmp_path / "data"
+    _small_release(root, tok)
+    params = params_for(data, f"build_dbs.uniter_release.root={root}")
+    run(params)
+    before = {p: p.read_bytes() for p in sorted((data / "db").rglob("*")) if p.is_file()}
+    fields = regions(np.random.default_rng(6), 10)
+    fields["conf"] = np.array([_Trap(tmp_path / "pickle_ran")] * 10, dtype=object)
+    # flickr30k converts after coco: an all-or-nothing import publishes neither
+    write_img_db(root, "flickr30k", {"flickr30k_000000000001.npz": fields}, compressed=True, nbb=None)
+    (root / "img_db" / "coco_val2014" / NBB).write_text(json.dumps({coco("val2014", 3): 9}))
+    with pytest.raises(UnsafeEntryError):
+        run(params)
+    after = {p: p.read_bytes() for p in sorted((data / "db").rglob("*")) if p.is_file()}
+    assert after == before and not (tmp_path / "pickle_ran").exists()
+
+
+def test_a_release_of_only_not_converted_dbs_is_not_a_silent_success(tmp_path, tok):
+    root = tmp_path / "release"
+    write_img_db(root, "vcr_gt_val", {"vcr_gt_x.npz": regions(np.random.default_rng(7), 10)}, compressed=True,
+                 nbb={"vcr_gt_x.npz": 10})
+    with pytest.raises(SourceFormatError, match=r"no DB written from .*report.md"):
+        run(params_for(tmp_path / "data", f"build_dbs.uniter_release.root={root}"))
+    report = json.loads((tmp_path / "data" / "reports" / "uniter_import" / "report.json").read_text())
+    assert report["image_dbs"]["release:img_db/vcr_gt_val"]["written"] is False
+
+
+def test_world_real_with_only_the_release_on_disk_imports(tmp_path, tok):
+    """A machine holding the release and no dataset: params.yaml says world: real, and no sources path exists."""
+    from helpers.source_fixtures import partial_real_params
+
+    from pipeline.__main__ import main
+
+    params, _ = partial_real_params(tmp_path)
+    root = tmp_path / "release"
+    _small_release(root, tok)
+    assert main(["import_uniter_db", "--params", str(params), "--set", f"build_dbs.uniter_release.root={root}"]) == 0
+    assert (tmp_path / "data" / "db" / "img" / "coco" / "data.mdb").is_file()
+    assert (tmp_path / "data" / "db" / "txt" / "pretrain_indomain_val" / "data.mdb").is_file()
+    assert main(["build_dbs", "--params", str(params), "--set", "build_dbs.source=uniter_release",
+                 "--set", f"build_dbs.uniter_release.root={root}"]) == 0

@@ -5,39 +5,17 @@ tests/pipeline/ingest/test_download.py checks against a real img2dataset run) an
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.source_fixtures import fates, ingest
+from helpers.source_fixtures import fates, ingest, write_shard
 
 from pipeline.ingest.sources import web_images
 from pipeline.ingest.sources.web_images import ShardIndex, url_key
-from pipeline.mini_world.shards import SHARD_SCHEMA
 
 NOT_FOUND = "HTTP Error 404: Not Found"
-
-
-def write_shard(root: Path, shard: int, rows: list[tuple[str, str, str | None]], *, finished: bool = True,
-                per_shard: int = 100) -> None:
-    """Shard ``shard`` of img2dataset's output: rows (url, status, error_message), keys numbered as
-    img2dataset numbers them; the image of a successful row is moved in from ``<root>/<sha1>.jpg``."""
-    name = f"{shard:05d}"
-    (root / name).mkdir(parents=True, exist_ok=True)
-    metas = []
-    for i, (url, status, error) in enumerate(rows):
-        key = f"{per_shard * shard + i:07d}"
-        flat = root / f"{url_key(url)}.jpg"
-        if status == "success":
-            shutil.move(flat, root / name / f"{key}.jpg")
-        metas.append({"caption": None, "url": url, "key": key, "status": status, "error_message": error}
-                     | {k: None for k in SHARD_SCHEMA.names[5:]})
-    pq.write_table(pa.Table.from_pylist(metas, schema=SHARD_SCHEMA), root / f"{name}.parquet")
-    if finished:
-        (root / f"{name}_stats.json").write_text(json.dumps({"count": len(rows)}))
 
 
 def _img2dataset_params(params, dataset: str):

@@ -1,0 +1,95 @@
+"""A set-up is checked against what the command runs: a real-format tree holding one dataset (CC,
+as its TSVs and img2dataset's output lay it out) with params.yaml changed only to ``world: real``.
+
+Each entry point (ingest, download, extract, build_dbs; import_uniter_db in
+tests/pipeline/stores/test_import_uniter_db.py) runs, or is refused naming the key and the stage
+that needs it, only for the inputs of the stages it runs.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from helpers.source_fixtures import partial_real_params, put_cc
+
+from pipeline.__main__ import main
+from pipeline.params.parser import ParamsError, load_params
+
+
+@pytest.fixture
+def only_cc(tmp_path):
+    params, datasets = partial_real_params(tmp_path)
+    put_cc(datasets, tmp_path / "scratch")
+    return params, datasets, tmp_path / "data"
+
+
+def test_ingest_of_the_one_dataset_on_disk_runs_and_another_is_refused_by_name(only_cc, capsys):
+    params, datasets, data = only_cc
+    assert main(["ingest", "cc", "--params", str(params)]) == 0
+    manifest = pd.read_parquet(data / "manifests" / "cc.parquet")
+    assert sorted(manifest.url) == ["http://example.com/img/1.jpg", "http://example.com/img/7.jpg",
+                                    "http://example.com/val/1.jpg", "https://example.com/img/13.jpg?x=1"]
+    rejects = pd.read_parquet(data / "manifests" / "cc.rejects.parquet")
+    assert "img2dataset failed_to_download: HTTP Error 404: Not Found" in " ".join(rejects.detail)
+    capsys.readouterr()
+    assert main(["ingest", "coco", "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert f"sources.coco.captions_train: path does not exist: {datasets}/coco/annotations/captions_train2014.json " \
+           "(needed by ingest@coco)" in err
+    assert "sources.cc" not in err and "image_info_test" not in err and "sources.vg" not in err
+    assert main(["ingest", "--params", str(params)]) == 2  # no ITEM: every dataset of ingest.datasets
+
+
+def test_cc_without_its_validation_tsv(only_cc):
+    params, datasets, data = only_cc
+    (datasets / "cc" / "Validation_GCC-1.1.0-Validation.tsv").unlink()
+    assert main(["ingest", "cc", "--params", str(params)]) == 2
+    assert main(["ingest", "cc", "--params", str(params), "--set", "sources.cc.val_tsv=null"]) == 0
+    manifest = pd.read_parquet(data / "manifests" / "cc.parquet")
+    assert set(manifest.split) == {"train"} and len(manifest) == 3
+
+
+def test_download_checks_the_url_lists_not_the_image_root_it_writes(only_cc, capsys):
+    params, datasets, _ = only_cc
+    load_params(params, ["sources.cc.image_root=/nowhere/cc"], command="download", item="cc")
+    args = ["--params", str(params), "--set", "sources.download.command=/no/img2dataset"]
+    assert main(["download", "cc", *args]) == 1  # past the params check: the stage's own check of the executable
+    assert "sources.download.command: /no/img2dataset is not an executable" in capsys.readouterr().err
+    assert main(["download", *args]) == 2  # no ITEM: cc and sbu (both in ingest.datasets)
+    err = capsys.readouterr().err
+    assert f"sources.sbu.urls: path does not exist: {datasets}/sbu/" in err and "(needed by download@sbu)" in err
+    assert "image_root" not in err and "sources.cc" not in err
+
+
+def test_extract_checks_the_image_roots_of_the_sources_it_extracts(only_cc):
+    params, datasets, _ = only_cc
+    for item in ("cc", "cc:1/2"):
+        load_params(params, command="extract", item=item)
+    with pytest.raises(ParamsError) as err:
+        load_params(params, command="extract", item="coco")
+    assert str(err.value).endswith(f"sources.coco.image_root: path does not exist: {datasets}/coco/images "
+                                   "(needed by extract@coco)")
+    with pytest.raises(ParamsError, match=r"needed by extract@vg"):
+        load_params(params, command="extract")  # every source of extract.sources
+
+
+def test_build_dbs_and_the_training_stages_read_no_source(only_cc):
+    params, _, _ = only_cc
+    for command in ("build_dbs", "import_uniter_db", "pretrain", "finetune", "results"):
+        load_params(params, command=command)
+    with pytest.raises(ParamsError, match=r"sources.coco.image_info_test: path does not exist.*needed by decontaminate"):
+        load_params(params, command="decontaminate")
+    with pytest.raises(ParamsError, match=r"needed by ingest@coco"):
+        load_params(params)  # no command (Airflow's whole run): everything configured
+    with pytest.raises(ParamsError, match=r"model.bert_checkpoint: path does not exist"):
+        load_params(params, ["model.bert_checkpoint=/nowhere/bert"], command="pretrain")
+    load_params(params, ["model.bert_checkpoint=/nowhere/bert"], command="ingest", item="cc")
+
+
+def test_an_item_left_out_of_the_params_is_still_checked(only_cc):
+    params, datasets, _ = only_cc
+    with pytest.raises(ParamsError, match=r"sources.vg.image_data: path does not exist.*needed by ingest@vg"):
+        load_params(params, ["ingest.datasets=[cc]", "finetune.tasks=[]"], command="ingest", item="vg")
+    with pytest.raises(ParamsError, match=r"sources.vcr.image_root: .*needed by extract@vcr"):
+        load_params(params, ["extract.sources=[cc]"], command="extract", item="vcr")
+    load_params(params, command="ingest", item="no_such_dataset")  # the stage names the dataset it does not know
