@@ -9,6 +9,7 @@ at its final path.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -183,10 +184,11 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
     :class:`~pipeline.common.ownership.ForeignDirectoryError` is raised before any work, and again at the
     swap. On an exception the temporary directory is removed and ``final`` is left untouched.
     """
-    from pipeline.common.ownership import check_owned, write_marker
+    from pipeline.common.ownership import check_owned, remove_tree, write_marker
 
     final = Path(final)
     check_owned(final, action="replace")
+    remove_stale_temps(final)  # what a killed earlier build (or its cleanup) left beside final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
@@ -195,7 +197,8 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
         yield tmp
         check_owned(final, action="replace")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
         raise
     old = None
     if final.exists():
@@ -203,7 +206,27 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
         os.replace(final, old)
     os.replace(tmp, final)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a leftover is removed by the next build of final
+            remove_tree(old)
+
+
+def remove_stale_temps(final: Path | str) -> None:
+    """Delete what a killed earlier build of ``final`` left beside it: ``.<name>.*.tmp`` and
+    ``.<name>.old.*`` directories.
+
+    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
+    :class:`~pipeline.common.ownership.ForeignDirectoryError` naming it. The stage lock keeps a
+    second build of the same output from running meanwhile.
+    """
+    from pipeline.common.ownership import remove_owned
+
+    final = Path(final)
+    if not final.parent.is_dir():
+        return
+    for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*")):
+        if stale.is_dir() and not stale.is_symlink() and (stale.name.endswith(".tmp") or
+                                                            stale.name.startswith(f".{final.name}.old.")):
+            remove_owned(stale)
 
 
 def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:

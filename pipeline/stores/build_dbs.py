@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.ownership import remove_owned
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json, remove_stale_temps
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
@@ -32,17 +31,6 @@ from pipeline.stores.vcr_text import vcr_specs
 
 log = logging.getLogger(__name__)
 PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
-
-
-def remove_stale_temps(final: Path) -> None:
-    """Delete what a killed earlier build of ``final`` left beside it (``.<name>.*.tmp`` / ``.old``).
-
-    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
-    :class:`~pipeline.common.ownership.ForeignDirectoryError` naming it.
-    """
-    for stale in sorted(final.parent.glob(f".{final.name}.*")):
-        if stale.is_dir() and (stale.name.endswith(".tmp") or ".old." in stale.name):
-            remove_owned(stale)
 
 
 def text_length(record: dict[str, Any]) -> int:
