@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from model.weights_file import force_weights_only_loads
 from pipeline.common.exiting import exit_now
 from pipeline.common.malloc import keep_freed_memory
 from pipeline.common.openmp import set_stage_wait_policy
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    force_weights_only_loads()  # nothing a stage loads may run code, whichever library calls torch.load
     set_stage_wait_policy()  # before the stage's imports load torch (and libgomp)
     try:
         keep_freed_memory()  # a training step's large buffers are reused, not faulted in again each step
