@@ -152,14 +152,17 @@ def _umask() -> int:
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    from pipeline.common.failures import names_file_when_full
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with names_file_when_full(path):
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
         chmod_as_open(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -238,6 +241,10 @@ def is_done(path: Path | str) -> bool:
     return Path(str(path) + DONE_SUFFIX).exists() and Path(path).exists()
 
 
+class OutputsMissingError(RuntimeError):
+    """A stage's listed outputs are gone before its ``_run.json`` is written (another run removed them)."""
+
+
 class RunRecord:
     """Collects what a stage did and writes ``_run.json`` into its output directory.
 
@@ -285,14 +292,14 @@ class RunRecord:
         return record
 
     def check_outputs(self, target: Path, require: Iterable[Path | str] = ()) -> None:
-        """Raise RuntimeError unless every path of ``extra["outputs"]`` and ``require`` exists
+        """Raise OutputsMissingError unless every path of ``extra["outputs"]`` and ``require`` exists
         (``target``: the record about to be written, for the message)."""
         listed = [(f"output {key!r}", str(path)) for key, path in sorted((self.extra.get("outputs") or {}).items())]
         missing = [f"{what} ({path})" for what, path in listed + [("required", str(p)) for p in require]
                    if not Path(path).exists()]
         if missing:
             shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise RuntimeError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
+            raise OutputsMissingError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
                                f"exist: {shown} (another run may have removed them, or the stage did not write them)")
 
 

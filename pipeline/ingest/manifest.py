@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.common.failures import names_file_when_full
 from pipeline.common.runinfo import chmod_as_open
 
 CORE_FIELDS: tuple[pa.Field, ...] = (
@@ -117,7 +118,8 @@ class ParquetStreamWriter:
         if not self._batches or self._writer is None:
             return
         table = pa.Table.from_batches(self._batches, schema=self.schema)
-        self._writer.write_table(table, row_group_size=max(len(table), 1))
+        with names_file_when_full(self.path):
+            self._writer.write_table(table, row_group_size=max(len(table), 1))
         self.rows_written += len(table)
         self._batches.clear()
         self._batched_rows = 0
@@ -126,7 +128,8 @@ class ParquetStreamWriter:
         """Write what is pending, close, and move the file to ``path``; returns the row count."""
         self.flush()
         assert self._writer is not None, "writer already closed"
-        self._writer.close()
+        with names_file_when_full(self.path):
+            self._writer.close()
         self._writer = None
         chmod_as_open(self._tmp)
         os.replace(self._tmp, self.path)
