@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from pipeline.params.finetune import TASKS as FINETUNE_TASKS
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
     name_problem, subset_problem, weights_problem, zero_stage_problem
 
@@ -133,6 +134,25 @@ def output_name(stage: str, out_name: str) -> str:
     return PRETRAIN_OUTPUTS[stage].format(out_name)
 
 
+# what other stages write beside the pretraining outputs (data/models/<name>, data/metrics/<name>,
+# data/checkpoints/<name>): the detector, the fine-tuning work root and each task's model
+OTHER_STAGES_OUTPUTS = ("detector", "finetune", *FINETUNE_TASKS)
+
+
+def out_name_problem(value: str) -> str | None:
+    """None when ``pretrain.out_name`` is a name (:func:`name_problem`) none of whose outputs is
+    another stage's, else the message (a clash would replace that stage's output)."""
+    problem = name_problem(value)
+    if problem:
+        return problem
+    taken = [output_name(stage, value) for stage in PRETRAIN_OUTPUTS
+             if output_name(stage, value) in OTHER_STAGES_OUTPUTS]
+    if taken:
+        return (f"{value!r} names a pretraining output {taken[0]!r}, which the {taken[0]} stage or task writes "
+                f"(data/models/{taken[0]}); choose another name")
+    return None
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = bounded(1e-4, 0, 1, lo_open=True)  # peak learning rate (AdamW)
@@ -257,7 +277,7 @@ class PretrainConfig:
         first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
         # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
         # empty"), even with the borrowed decoder weights registered as external parameters
-        out = checked(out_name=name_problem(self.out_name), deepspeed=deepspeed_problem(self.deepspeed),
+        out = checked(out_name=out_name_problem(self.out_name), deepspeed=deepspeed_problem(self.deepspeed),
                       zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
                       mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),
                       first_phase_mix=first_mix, dataset_ratio=self._dataset_ratio_problem())
