@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -293,6 +294,12 @@ class _StrictLoader(yaml.SafeLoader):
                     raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
                                                             key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.2 floats without a dot (5e-05, 1E3): PyYAML (YAML 1.1) reads them as strings, and JSON
+# writes small floats that way (an Airflow conf's "pretrain.optim.lr": 5e-05)
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
 
 
 def read_yaml(text: str, source: str) -> Any:

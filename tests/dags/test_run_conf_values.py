@@ -1,0 +1,32 @@
+"""Values of a trigger conf reach the run's params as the numbers they are: JSON writes small
+floats without a dot (``5e-05``), which YAML 1.1 reads as a string."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import _uniter_runs as runs  # tests/dags/conftest.py puts dags/ on sys.path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_small_floats_of_a_conf_stay_floats(tmp_path):
+    from pipeline.params.parser import load_params
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    conf = {"run_name": "floats", "task_mix": {"mlm": 1.0, "itm": 5e-05},
+            "overrides": {"pretrain.optim.lr": 5e-05, "pretrain.optim.weight_decay": 1e-3}}
+    run = runs.prepare_run(conf, "manual__x", repo_root=root)
+    params = load_params(root / run["params"], check_paths=False)
+    assert params.pretrain.optim.lr == 5e-05 and params.pretrain.optim.weight_decay == 1e-3
+    assert dict(params.pretrain.mix_ratio) == {"mlm": 1.0, "itm": 5e-05}
+
+
+def test_the_cli_reads_a_float_without_a_dot():
+    from pipeline.params.parser import load_params
+
+    params = load_params(REPO / "params.yaml", ["pretrain.optim.lr=5e-05", "pretrain.optim.weight_decay=1E-2"],
+                         check_paths=False)
+    assert (params.pretrain.optim.lr, params.pretrain.optim.weight_decay) == (5e-05, 0.01)
