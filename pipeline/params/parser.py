@@ -200,6 +200,8 @@ def _parse_value(tp: Any, value: Any, key: str) -> Any:
     if tp is Path:
         if not isinstance(value, str):
             raise ParamsError(f"{key}: expected a path string, got {value!r}")
+        if not value.strip():  # Path("") is the working directory: paths.data="" wrote into the repository
+            raise ParamsError(f"{key}: expected a path, got an empty string (use . for the working directory)")
         return Path(value)
     raise ParamsError(f"{key}: unsupported type {_type_name(tp)} in schema")
 
@@ -350,7 +352,7 @@ def parse_params(raw: Mapping[str, Any], *, source: str = "<params>", check_path
         errors: list[str] = []
         if params.world == "real":  # only what the configured stages read: a partial download is fine
             missing_paths(params.sources, "sources", errors, source_needs(params))
-        for section in ("model", "pretrain", "extract"):
+        for section in ("model", "pretrain", "extract", "build_dbs"):
             missing_paths(getattr(params, section), section, errors)
         if errors:
             raise ParamsError(f"{source}: " + "; ".join(errors))

@@ -34,3 +34,13 @@ def test_a_suffixed_output_that_clashes_is_refused_too():
 
 def test_other_names_are_accepted():
     assert load_params(PARAMS, ["pretrain.out_name=pretrain_b"], check_paths=False).pretrain.out_name == "pretrain_b"
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory():
+    with pytest.raises(ParamsError, match=r"paths.data: expected a path, got an empty string"):
+        load_params(PARAMS, ["paths.data="], check_paths=False)
+
+
+def test_a_tokenizer_that_does_not_exist_is_refused_at_parse_time(tmp_path):
+    with pytest.raises(ParamsError, match=r"build_dbs.tokenizer: path does not exist: /nonexistent"):
+        load_params(PARAMS, ["build_dbs.tokenizer=/nonexistent"])
