@@ -81,6 +81,10 @@ def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
         "vcr_steps": "pretrain.vcr.steps",
         "finetune_tasks": "finetune.tasks",
     }
+    unknown = sorted(set(conf) - set(direct) - {"run_name", "finetune_steps", "overrides"})
+    if unknown:  # a misspelt choice would be ignored and the run would use the default
+        raise ValueError(f"conf key(s) {unknown} unknown; expected run_name, {', '.join(sorted(direct))}, "
+                         "finetune_steps or overrides")
     out = [f"{key}={json.dumps(conf[name])}" for name, key in direct.items() if conf.get(name) is not None]
     if conf.get("finetune_steps") is not None:
         tasks = conf.get("finetune_tasks") or repo_params()["finetune"]["tasks"]

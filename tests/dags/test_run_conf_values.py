@@ -30,3 +30,14 @@ def test_the_cli_reads_a_float_without_a_dot():
     params = load_params(REPO / "params.yaml", ["pretrain.optim.lr=5e-05", "pretrain.optim.weight_decay=1E-2"],
                          check_paths=False)
     assert (params.pretrain.optim.lr, params.pretrain.optim.weight_decay) == (5e-05, 0.01)
+
+
+def test_an_unknown_conf_key_is_refused_naming_it(tmp_path):
+    import pytest
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    with pytest.raises(ValueError, match=r"conf key\(s\) \['pretrain_stepz'\] unknown"):
+        runs.prepare_run({"run_name": "typo", "pretrain_stepz": 3}, "manual__x", repo_root=root)
+    assert not (root / "runs" / "typo").exists()
