@@ -43,6 +43,8 @@ from pipeline.params.parser import RUNS_DIR_ENV  # noqa: E402  (one name for the
 if TYPE_CHECKING:
     from pipeline.common.gpu_alloc import Allocation
 PARAMS_FILE = "params.yaml"
+# Airflow's cap on the tasks one mapped task expands to ([core] max_map_length)
+MAX_MAP_LENGTH_ENV, DEFAULT_MAX_MAP_LENGTH = "AIRFLOW__CORE__MAX_MAP_LENGTH", "1024"
 OUTPUTS_FILE = "outputs.json"
 
 log = logging.getLogger(__name__)
@@ -149,6 +151,12 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
     run_dir = PurePosixPath(str(raw["paths"]["runs"])) / name
     relocate(raw, str(run_dir / "data"))
     params = parse_params(raw, source=f"{run_dir}/{PARAMS_FILE} (from the trigger conf)")
+    mapped = len(params.extract.sources) * params.extract.parts if params.extract.parts > 1 else 0
+    limit = int(os.environ.get(MAX_MAP_LENGTH_ENV, DEFAULT_MAX_MAP_LENGTH))
+    if mapped > limit:  # Airflow would fail the mapping step after ingest had run
+        raise ValueError(f"extract.parts: {params.extract.parts} parts x {len(params.extract.sources)} image sources "
+                         f"= {mapped} mapped extract tasks, over Airflow's max_map_length {limit}; use at most "
+                         f"{limit // len(params.extract.sources)} parts")
     text = yaml.safe_dump(raw, sort_keys=False)
     params_file = repo_root / run_dir / PARAMS_FILE
     if params_file.exists() and params_file.read_text() != text:

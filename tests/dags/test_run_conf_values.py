@@ -41,3 +41,17 @@ def test_an_unknown_conf_key_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"conf key\(s\) \['pretrain_stepz'\] unknown"):
         runs.prepare_run({"run_name": "typo", "pretrain_stepz": 3}, "manual__x", repo_root=root)
     assert not (root / "runs" / "typo").exists()
+
+
+def test_more_extract_parts_than_airflow_can_map_are_refused_before_any_work(tmp_path, monkeypatch):
+    import pytest
+
+    monkeypatch.delenv("AIRFLOW__CORE__MAX_MAP_LENGTH", raising=False)
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    with pytest.raises(ValueError, match=r"extract.parts: 4096 parts x 7 image sources = 28672 mapped extract "
+                                         r"tasks, over Airflow's max_map_length 1024; use at most 146 parts"):
+        runs.prepare_run({"run_name": "wide", "overrides": {"extract.parts": 4096}}, "manual__x", repo_root=root)
+    assert not (root / "runs" / "wide").exists()
+    runs.prepare_run({"run_name": "ok", "overrides": {"extract.parts": 146}}, "manual__y", repo_root=root)
