@@ -151,6 +151,7 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
     run_dir = PurePosixPath(str(raw["paths"]["runs"])) / name
     relocate(raw, str(run_dir / "data"))
     params = parse_params(raw, source=f"{run_dir}/{PARAMS_FILE} (from the trigger conf)")
+    _check_deepspeed_outputs(raw["pretrain"].get("deepspeed") or {}, run_dir)
     mapped = len(params.extract.sources) * params.extract.parts if params.extract.parts > 1 else 0
     limit = int(os.environ.get(MAX_MAP_LENGTH_ENV, DEFAULT_MAX_MAP_LENGTH))
     if mapped > limit:  # Airflow would fail the mapping step after ingest had run
@@ -176,6 +177,26 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
         "tasks": list(params.finetune.tasks),
         "gpus": gpus_per_stage(params),
     }
+
+
+# DeepSpeed config keys that name a file or directory DeepSpeed writes (monitors, profiler)
+_DEEPSPEED_OUTPUT_KEYS = ("output_path", "output_file")
+
+
+def _check_deepspeed_outputs(section: Any, run_dir: PurePosixPath, prefix: str = "pretrain.deepspeed") -> None:
+    """Raise ValueError for a DeepSpeed output path (``csv_monitor.output_path``, ...) outside the
+    run's directory: a run writes only below ``runs/<run_name>/``."""
+    if not isinstance(section, Mapping):
+        return
+    for key, value in section.items():
+        dotted = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            _check_deepspeed_outputs(value, run_dir, dotted)
+        elif key in _DEEPSPEED_OUTPUT_KEYS and value not in (None, ""):
+            path = PurePosixPath(str(value))
+            if ".." in path.parts or not path.is_relative_to(run_dir):
+                raise ValueError(f"overrides.{dotted}: {value!r} is outside the run; a run writes only below "
+                                 f"{run_dir}/ (e.g. {run_dir}/data/metrics/deepspeed)")
 
 
 def gpus_per_stage(params: Any) -> dict[str, int]:

@@ -55,3 +55,19 @@ def test_more_extract_parts_than_airflow_can_map_are_refused_before_any_work(tmp
         runs.prepare_run({"run_name": "wide", "overrides": {"extract.parts": 4096}}, "manual__x", repo_root=root)
     assert not (root / "runs" / "wide").exists()
     runs.prepare_run({"run_name": "ok", "overrides": {"extract.parts": 146}}, "manual__y", repo_root=root)
+
+
+def test_a_deepspeed_output_path_outside_the_run_is_refused(tmp_path):
+    import pytest
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    for path in ("/tmp/elsewhere", "logs", "runs/mon/../../escape"):
+        conf = {"run_name": "mon", "overrides": {"pretrain.deepspeed": {"csv_monitor": {"enabled": True,
+                                                                                     "output_path": path}}}}
+        with pytest.raises(ValueError, match="pretrain.deepspeed.csv_monitor.output_path: .* is outside the run"):
+            runs.prepare_run(conf, "manual__x", repo_root=root)
+    inside = {"run_name": "mon", "overrides": {"pretrain.deepspeed": {"csv_monitor": {
+        "enabled": True, "output_path": "runs/mon/data/metrics/ds"}}}}
+    runs.prepare_run(inside, "manual__x", repo_root=root)
