@@ -71,3 +71,12 @@ def test_a_deepspeed_output_path_outside_the_run_is_refused(tmp_path):
     inside = {"run_name": "mon", "overrides": {"pretrain.deepspeed": {"csv_monitor": {
         "enabled": True, "output_path": "runs/mon/data/metrics/ds"}}}}
     runs.prepare_run(inside, "manual__x", repo_root=root)
+
+
+def test_moving_the_mini_world_out_of_the_run_is_refused(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="overrides.mini_world.out_dir: a run's mini world lives in"):
+        runs.conf_to_overrides({"overrides": {"mini_world.out_dir": "elsewhere/mini"}})
+    with pytest.raises(ValueError, match="overrides.mini_world: a run.s mini world lives in"):
+        runs.conf_to_overrides({"overrides": {"mini_world": {"out_dir": "elsewhere/mini"}}})
