@@ -97,7 +97,8 @@ def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
             fixed = key.split(".")[0] in FIXED_SECTIONS
             raise ValueError(f"overrides.{key}: " + ("a run's paths are fixed (its data lives in runs/<run_name>/data)"
                                                      if fixed else f"expected a params key matching {OVERRIDE_KEY_PATTERN}"))
-        if key == "mini_world.out_dir" or (key == "mini_world" and isinstance(overrides[key], Mapping) and "out_dir" in overrides[key]):
+        value = overrides[key]
+        if key == "mini_world.out_dir" or (key == "mini_world" and isinstance(value, Mapping) and "out_dir" in value):
             # relocate() moves the mini world and the sources below it together; a moved out_dir
             # would leave the sources reading the repository's data/raw/mini
             raise ValueError(f"overrides.{key}: a run's mini world lives in runs/<run_name>/data/raw/mini")

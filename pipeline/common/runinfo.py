@@ -299,8 +299,9 @@ class RunRecord:
                    if not Path(path).exists()]
         if missing:
             shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise OutputsMissingError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
-                               f"exist: {shown} (another run may have removed them, or the stage did not write them)")
+            raise OutputsMissingError(
+                f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not exist: {shown} "
+                "(another run may have removed them, or the stage did not write them)")
 
 
 def chmod_as_open(path: Path | str) -> None:
