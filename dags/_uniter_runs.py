@@ -43,6 +43,8 @@ from pipeline.params.parser import RUNS_DIR_ENV  # noqa: E402  (one name for the
 if TYPE_CHECKING:
     from pipeline.common.gpu_alloc import Allocation
 PARAMS_FILE = "params.yaml"
+# Airflow's cap on the tasks one mapped task expands to ([core] max_map_length)
+MAX_MAP_LENGTH_ENV, DEFAULT_MAX_MAP_LENGTH = "AIRFLOW__CORE__MAX_MAP_LENGTH", "1024"
 OUTPUTS_FILE = "outputs.json"
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,10 @@ def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
         "vcr_steps": "pretrain.vcr.steps",
         "finetune_tasks": "finetune.tasks",
     }
+    unknown = sorted(set(conf) - set(direct) - {"run_name", "finetune_steps", "overrides"})
+    if unknown:  # a misspelt choice would be ignored and the run would use the default
+        raise ValueError(f"conf key(s) {unknown} unknown; expected run_name, {', '.join(sorted(direct))}, "
+                         "finetune_steps or overrides")
     out = [f"{key}={json.dumps(conf[name])}" for name, key in direct.items() if conf.get(name) is not None]
     if conf.get("finetune_steps") is not None:
         tasks = conf.get("finetune_tasks") or repo_params()["finetune"]["tasks"]
@@ -91,6 +97,11 @@ def conf_to_overrides(conf: Mapping[str, Any]) -> list[str]:
             fixed = key.split(".")[0] in FIXED_SECTIONS
             raise ValueError(f"overrides.{key}: " + ("a run's paths are fixed (its data lives in runs/<run_name>/data)"
                                                      if fixed else f"expected a params key matching {OVERRIDE_KEY_PATTERN}"))
+        value = overrides[key]
+        if key == "mini_world.out_dir" or (key == "mini_world" and isinstance(value, Mapping) and "out_dir" in value):
+            # relocate() moves the mini world and the sources below it together; a moved out_dir
+            # would leave the sources reading the repository's data/raw/mini
+            raise ValueError(f"overrides.{key}: a run's mini world lives in runs/<run_name>/data/raw/mini")
     out += [f"{key}={json.dumps(value)}" for key, value in sorted(overrides.items())]
     return out
 
@@ -145,6 +156,13 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
     run_dir = PurePosixPath(str(raw["paths"]["runs"])) / name
     relocate(raw, str(run_dir / "data"))
     params = parse_params(raw, source=f"{run_dir}/{PARAMS_FILE} (from the trigger conf)")
+    _check_deepspeed_outputs(raw["pretrain"].get("deepspeed") or {}, run_dir)
+    mapped = len(params.extract.sources) * params.extract.parts if params.extract.parts > 1 else 0
+    limit = int(os.environ.get(MAX_MAP_LENGTH_ENV, DEFAULT_MAX_MAP_LENGTH))
+    if mapped > limit:  # Airflow would fail the mapping step after ingest had run
+        raise ValueError(f"extract.parts: {params.extract.parts} parts x {len(params.extract.sources)} image sources "
+                         f"= {mapped} mapped extract tasks, over Airflow's max_map_length {limit}; use at most "
+                         f"{limit // len(params.extract.sources)} parts")
     text = yaml.safe_dump(raw, sort_keys=False)
     params_file = repo_root / run_dir / PARAMS_FILE
     if params_file.exists() and params_file.read_text() != text:
@@ -164,6 +182,26 @@ def prepare_run(conf: Mapping[str, Any], run_id: str, repo_root: Path = REPO_ROO
         "tasks": list(params.finetune.tasks),
         "gpus": gpus_per_stage(params),
     }
+
+
+# DeepSpeed config keys that name a file or directory DeepSpeed writes (monitors, profiler)
+_DEEPSPEED_OUTPUT_KEYS = ("output_path", "output_file")
+
+
+def _check_deepspeed_outputs(section: Any, run_dir: PurePosixPath, prefix: str = "pretrain.deepspeed") -> None:
+    """Raise ValueError for a DeepSpeed output path (``csv_monitor.output_path``, ...) outside the
+    run's directory: a run writes only below ``runs/<run_name>/``."""
+    if not isinstance(section, Mapping):
+        return
+    for key, value in section.items():
+        dotted = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            _check_deepspeed_outputs(value, run_dir, dotted)
+        elif key in _DEEPSPEED_OUTPUT_KEYS and value not in (None, ""):
+            path = PurePosixPath(str(value))
+            if ".." in path.parts or not path.is_relative_to(run_dir):
+                raise ValueError(f"overrides.{dotted}: {value!r} is outside the run; a run writes only below "
+                                 f"{run_dir}/ (e.g. {run_dir}/data/metrics/deepspeed)")
 
 
 def gpus_per_stage(params: Any) -> dict[str, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.weights_file import load_plain_torch
+from model.weights_file import WeightsMismatchError, load_plain_torch
 
 __all__ = ["BertInitReport", "default_bert_checkpoint", "load_bert_weights", "read_bert_state"]
 
@@ -133,7 +133,7 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
     Args:
         path: checkpoint file or directory; None = ``default_bert_checkpoint()``.
     Raises:
-        ValueError: a shape differs (names the file, the key and both shapes) or an encoder
+        WeightsMismatchError (a ValueError): a shape differs (names the file, the key and both shapes) or an encoder
             parameter has no counterpart in the checkpoint.
     """
     path = _resolve(Path(path)) if path is not None else default_bert_checkpoint()
@@ -170,7 +170,7 @@ def load_bert_weights(model: nn.Module, path: str | Path | None = None) -> BertI
     text_side = [n for n in params if n.startswith(("uniter.embeddings.", "uniter.encoder.", "uniter.pooler."))]
     missing = sorted(set(text_side) - set(loaded))
     if missing:
-        raise ValueError(f"BERT checkpoint {path} lacks weights for {missing[:8]}{'...' if len(missing) > 8 else ''}")
+        raise WeightsMismatchError(f"BERT checkpoint {path} lacks weights for {missing[:8]}{'...' if len(missing) > 8 else ''}")
     with torch.no_grad():
         for param, value in planned:
             param[: value.shape[0]].copy_(value.to(param.dtype))
@@ -203,6 +203,6 @@ def _fit(param: torch.Tensor, value: torch.Tensor, key: str, path: Path) -> torc
     # a vocabulary grown past BERT's (a tokenizer with added tokens) keeps the new rows' init
     if same_width and more_rows_here and key.endswith(("word_embeddings.weight", "predictions.bias")):
         return value
-    raise ValueError(
+    raise WeightsMismatchError(
         f"BERT checkpoint {path}: {key} has shape {tuple(value.shape)}, the model expects {tuple(param.shape)}"
     )

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from model.weights_file import force_weights_only_loads
 from pipeline.common.exiting import exit_now
 from pipeline.common.malloc import keep_freed_memory
 from pipeline.common.openmp import set_stage_wait_policy
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    force_weights_only_loads()  # nothing a stage loads may run code, whichever library calls torch.load
     set_stage_wait_policy()  # before the stage's imports load torch (and libgomp)
     try:
         keep_freed_memory()  # a training step's large buffers are reused, not faulted in again each step
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv[0] in TOOLS:
-        return int(resolve(TOOLS[argv[0]].entry)(argv[1:]) or 0)
+        return _reported(lambda: int(resolve(TOOLS[argv[0]].entry)(argv[1:]) or 0))
     args = parser.parse_args(argv)
     configure_logging()
     from pipeline.params.parser import ParamsError, load_params
@@ -72,14 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from model.weights_file import UniterFormatError, UnsafeCheckpointError
-    from pipeline.ingest.errors import DownloadError
     from pipeline.params.pretrain import PRETRAIN_OUTPUTS
-    from pipeline.common.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
-    from pipeline.common.ownership import ForeignDirectoryError
-    from pipeline.ingest.sources.records import SourceFormatError
-    from pipeline.stores.lmdb_store import DiskFullError
-    from pipeline.finetune.guard import DivergedError
+    from pipeline.common.locking import stage_locks, wait_from_env
 
     try:
         wait = wait_from_env()
@@ -91,19 +87,30 @@ def main(argv: list[str] | None = None) -> int:
     # one writer per output: a retry or a second terminal waits here (or exits 3) instead of
     # racing the running one; see pipeline/common/locking.py for the keys
     out_name = params.pretrain.out_name if args.command in PRETRAIN_OUTPUTS else None
-    try:
+
+    def locked_run() -> int:
         with stage_locks(params.paths.data, args.command, item, out_name=out_name, wait=wait):
             _run_stage(stage, params, item)
-    except LockBusy as err:
-        print(f"error: {err}", file=sys.stderr)
-        return BUSY_EXIT
-    except (SourceFormatError, UnsafeCheckpointError, UniterFormatError) as err:  # an input file to replace: no traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (ForeignDirectoryError, DiskFullError, DownloadError, DivergedError) as err:  # say what to fix
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return _reported(locked_run, data_dir=params.paths.data)
+
+
+def _reported(run, data_dir=None) -> int:
+    """``run()``'s status; an anticipated error (pipeline/common/failures.py: bad params or input,
+    an unsafe file, a foreign directory, a full disk, a busy lock) becomes one ``error:`` line and
+    its documented exit status instead of a traceback."""
+    from pipeline.common.failures import describe
+
+    try:
+        return run()
+    except Exception as err:
+        known = describe(err, data_dir=data_dir)
+        if known is None:
+            raise  # a bug: keep the traceback
+        status, message = known
+        print(f"error: {message}", file=sys.stderr)
+        return status
 
 
 def _run_stage(stage, params, item: str | None) -> None:

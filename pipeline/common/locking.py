@@ -101,7 +101,19 @@ def stage_keys(stage: str, item: str | None = None, out_name: str | None = None)
         return [(f"pretrain@{output_name(stage, out_name)}", False)]
     if item is None:
         return [(stage, False)]
-    return [(stage, True), (f"{stage}@{item}", False)]
+    items = sorted({item, *also_written(stage, item)})  # sorted: one acquisition order for every run
+    return [(stage, True), *((f"{stage}@{i}", False) for i in items)]
+
+
+def also_written(stage: str, item: str) -> tuple[str, ...]:
+    """Other items whose outputs a run of ``stage`` ``item`` writes too: ``extract coco`` writes
+    ``features/coco_gt`` (and ``vcr`` ``vcr_gt``), so it holds their locks as well."""
+    if stage == "extract":
+        from pipeline.params.extract import GIVEN_BOX_SETS
+
+        if item in GIVEN_BOX_SETS:
+            return (GIVEN_BOX_SETS[item],)
+    return ()
 
 
 def wait_from_env(env: Mapping[str, str] | None = None) -> bool | float:

@@ -97,7 +97,26 @@ def remove_owned(path: Path | str) -> None:
     if not path.exists() and not path.is_symlink():
         return
     check_owned(path, action="remove")
-    shutil.rmtree(path)
+    remove_tree(path)
+
+
+def remove_tree(path: Path | str) -> None:
+    """Remove the directory ``path`` with everything below it, its marker last, then ``path`` itself.
+
+    A process killed at any step leaves a directory that still carries its marker, or an empty
+    one; :func:`check_owned` lets a rerun remove either. (``shutil.rmtree`` removes entries in
+    directory order: a kill after the marker went would lock every rerun out.)
+    """
+    path = Path(path)
+    for entry in path.iterdir():
+        if entry.name == OWNER_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (path / OWNER_FILE).unlink(missing_ok=True)
+    path.rmdir()
 
 
 def preflight(*paths: Path | str) -> None:

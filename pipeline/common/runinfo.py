@@ -9,11 +9,11 @@ at its final path.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,14 +152,17 @@ def _umask() -> int:
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    from pipeline.common.failures import names_file_when_full
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with names_file_when_full(path):
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
         chmod_as_open(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -184,10 +187,11 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
     :class:`~pipeline.common.ownership.ForeignDirectoryError` is raised before any work, and again at the
     swap. On an exception the temporary directory is removed and ``final`` is left untouched.
     """
-    from pipeline.common.ownership import check_owned, write_marker
+    from pipeline.common.ownership import check_owned, remove_tree, write_marker
 
     final = Path(final)
     check_owned(final, action="replace")
+    remove_stale_temps(final)  # what a killed earlier build (or its cleanup) left beside final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
@@ -196,7 +200,8 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
         yield tmp
         check_owned(final, action="replace")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
         raise
     old = None
     if final.exists():
@@ -204,7 +209,27 @@ def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
         os.replace(final, old)
     os.replace(tmp, final)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a leftover is removed by the next build of final
+            remove_tree(old)
+
+
+def remove_stale_temps(final: Path | str) -> None:
+    """Delete what a killed earlier build of ``final`` left beside it: ``.<name>.*.tmp`` and
+    ``.<name>.old.*`` directories.
+
+    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
+    :class:`~pipeline.common.ownership.ForeignDirectoryError` naming it. The stage lock keeps a
+    second build of the same output from running meanwhile.
+    """
+    from pipeline.common.ownership import remove_owned
+
+    final = Path(final)
+    if not final.parent.is_dir():
+        return
+    for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*")):
+        if stale.is_dir() and not stale.is_symlink() and (stale.name.endswith(".tmp") or
+                                                            stale.name.startswith(f".{final.name}.old.")):
+            remove_owned(stale)
 
 
 def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
@@ -214,6 +239,10 @@ def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
 
 def is_done(path: Path | str) -> bool:
     return Path(str(path) + DONE_SUFFIX).exists() and Path(path).exists()
+
+
+class OutputsMissingError(RuntimeError):
+    """A stage's listed outputs are gone before its ``_run.json`` is written (another run removed them)."""
 
 
 class RunRecord:
@@ -263,15 +292,16 @@ class RunRecord:
         return record
 
     def check_outputs(self, target: Path, require: Iterable[Path | str] = ()) -> None:
-        """Raise RuntimeError unless every path of ``extra["outputs"]`` and ``require`` exists
+        """Raise OutputsMissingError unless every path of ``extra["outputs"]`` and ``require`` exists
         (``target``: the record about to be written, for the message)."""
         listed = [(f"output {key!r}", str(path)) for key, path in sorted((self.extra.get("outputs") or {}).items())]
         missing = [f"{what} ({path})" for what, path in listed + [("required", str(p)) for p in require]
                    if not Path(path).exists()]
         if missing:
             shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise RuntimeError(f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not "
-                               f"exist: {shown} (another run may have removed them, or the stage did not write them)")
+            raise OutputsMissingError(
+                f"{self.stage}: not writing {target}: {len(missing)} listed output path(s) do not exist: {shown} "
+                "(another run may have removed them, or the stage did not write them)")
 
 
 def chmod_as_open(path: Path | str) -> None:

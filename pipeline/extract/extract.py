@@ -29,13 +29,12 @@ from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_
 from pipeline.extract.detector.files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
                                               plan_shards, remove_stale_files, run_shards, settings_record)
-from pipeline.params.extract import IMAGE_SOURCES
+from pipeline.params.extract import GIVEN_BOX_SETS, IMAGE_SOURCES
 from pipeline.params.parser import Params
 
 log = logging.getLogger("pipeline.extract")
 
 TASK_MANIFESTS = ("vqa", "vcr", "nlvr2", "snli_ve", "refcoco", "flickr30k")
-GIVEN_BOX_SETS = {"coco": "coco_gt", "vcr": "vcr_gt"}
 BAD_BOXES = "bad_boxes"  # given-box metadata missing or malformed (rejects.parquet reason)
 REJECT_SCHEMA = pa.schema([("image_id", pa.string()), ("image_path", pa.string()), ("reason", pa.string()),
                            ("detail", pa.string())])

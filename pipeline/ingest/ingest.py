@@ -29,7 +29,8 @@ from pipeline.ingest.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.ingest.sources import load_reader
 from pipeline.ingest.sources.records import (
-    DUPLICATE_ID, MISSING_IMAGE, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row, raw_text,
+    DUPLICATE_ID, MALFORMED_ROW, MISSING_IMAGE, NON_UTF8, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row,
+    raw_text,
 )
 
 log = logging.getLogger("pipeline.ingest.ingest")
@@ -145,8 +146,8 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _reject_record(dataset: str, rej: Reject) -> dict[str, str]:
-    return {"dataset": dataset, "source_file": rej.source_file, "locator": rej.locator, "reason": rej.reason,
-            "detail": raw_text(rej.detail), "raw_row": raw_text(rej.raw)}
+    return {"dataset": dataset, "source_file": raw_text(rej.source_file), "locator": raw_text(rej.locator),
+            "reason": rej.reason, "detail": raw_text(rej.detail), "raw_row": raw_text(rej.raw)}
 
 
 def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> IngestResult:
@@ -171,6 +172,7 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
             keys = np.fromiter((r.key if r.key is not None else id_hash(r.values["example_id"]) for r in rows),
                                dtype=np.uint64, count=len(rows))
             fresh = iter(seen.first_seen(keys).tolist())
+            accepted: list[Row] = []
             for item in batch:
                 if isinstance(item, Row):
                     if not next(fresh):
@@ -180,10 +182,16 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                         item = Reject(problem[0], problem[1], item.raw, item.source_file, item.locator)
                     else:
                         item.values["dataset"] = dataset
-                        manifest.append(item.values)
+                        accepted.append(item)
                         continue
                 reasons[item.reason] += 1
                 rejects.append(_reject_record(dataset, item))
+            # a value the manifest's columns cannot hold rejects its row, not the dataset
+            for i, why in manifest.append_rows([row.values for row in accepted]):
+                row = accepted[i]
+                reason = NON_UTF8 if "Unicode" in why else MALFORMED_ROW
+                reasons[reason] += 1
+                rejects.append(_reject_record(dataset, Reject(reason, why, row.raw, row.source_file, row.locator)))
         manifest_rows = manifest.commit()
         rejects.commit()
     except BaseException:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.common.failures import names_file_when_full
 from pipeline.common.runinfo import chmod_as_open
 
 CORE_FIELDS: tuple[pa.Field, ...] = (
@@ -85,11 +86,7 @@ class ParquetStreamWriter:
         )
 
     def append(self, row: Mapping[str, Any]) -> None:
-        try:
-            values = self._getter(row)
-        except KeyError as err:
-            raise KeyError(f"{self.path.name}: row lacks column {err}") from None
-        self._pending.append(values if len(self.schema) > 1 else (values,))
+        self._pending.append(self._values(row))
         if len(self._pending) >= self._batch_rows:
             self._to_batch()
             if self._batched_rows >= self.chunk_rows:
@@ -99,17 +96,56 @@ class ParquetStreamWriter:
         """Pending Python rows -> one Arrow record batch (checked against the schema)."""
         if not self._pending:
             return
+        self._add_batch(self._record_batch(self._pending))
+        self._pending.clear()
+
+    def _record_batch(self, rows: Sequence[tuple]) -> pa.RecordBatch:
+        """Rows (tuples in schema order) -> a record batch; ValueError naming the column that cannot hold them."""
         arrays = []
-        for fld, values in zip(self.schema, zip(*self._pending)):
+        for fld, values in zip(self.schema, zip(*rows)):
             try:
                 arrays.append(pa.array(values, type=fld.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as err:
-                raise ValueError(f"{self.path.name}: column {fld.name!r} cannot hold its values ({err})") from None
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError, TypeError, ValueError) as err:
+                raise ValueError(f"{self.path.name}: column {fld.name!r} cannot hold its values "
+                                 f"({type(err).__name__}: {str(err)[:200]})") from None
             if not fld.nullable and arrays[-1].null_count:
                 raise ValueError(f"{self.path.name}: column {fld.name!r} must not be null")
-        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
-        self._batched_rows += len(self._pending)
-        self._pending.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _add_batch(self, batch: pa.RecordBatch) -> None:
+        self._batches.append(batch)
+        self._batched_rows += batch.num_rows
+
+    def append_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+        """Append ``rows`` (after anything pending); a row the schema cannot hold (a lone surrogate
+        in a string, an integer beyond int64, a float beyond float32) is left out. Returns those
+        rows as (index in ``rows``, why), so the caller rejects them one by one."""
+        self._to_batch()
+        tuples = [self._values(row) for row in rows]
+        left_out: list[tuple[int, str]] = []
+        try:
+            batch = self._record_batch(tuples) if tuples else None
+        except ValueError:  # find the rows at fault; the others go in, in order
+            fitting = []
+            for i, values in enumerate(tuples):
+                try:
+                    self._record_batch([values])
+                    fitting.append(values)
+                except ValueError as err:
+                    left_out.append((i, str(err)))
+            batch = self._record_batch(fitting) if fitting else None
+        if batch is not None:
+            self._add_batch(batch)
+            if self._batched_rows >= self.chunk_rows:
+                self.flush()
+        return left_out
+
+    def _values(self, row: Mapping[str, Any]) -> tuple:
+        try:
+            values = self._getter(row)
+        except KeyError as err:
+            raise KeyError(f"{self.path.name}: row lacks column {err}") from None
+        return values if len(self.schema) > 1 else (values,)
 
     def flush(self) -> None:
         """Write everything appended so far as one row group."""
@@ -117,7 +153,8 @@ class ParquetStreamWriter:
         if not self._batches or self._writer is None:
             return
         table = pa.Table.from_batches(self._batches, schema=self.schema)
-        self._writer.write_table(table, row_group_size=max(len(table), 1))
+        with names_file_when_full(self.path):
+            self._writer.write_table(table, row_group_size=max(len(table), 1))
         self.rows_written += len(table)
         self._batches.clear()
         self._batched_rows = 0
@@ -126,7 +163,8 @@ class ParquetStreamWriter:
         """Write what is pending, close, and move the file to ``path``; returns the row count."""
         self.flush()
         assert self._writer is not None, "writer already closed"
-        self._writer.close()
+        with names_file_when_full(self.path):
+            self._writer.close()
         self._writer = None
         chmod_as_open(self._tmp)
         os.replace(self._tmp, self.path)

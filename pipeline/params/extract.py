@@ -9,6 +9,8 @@ from typing import Literal
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, bounded, checked, must_exist, subset_problem
 
 IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
+# the given-box feature set an image source's extraction also writes (RefCOCO+ / VCR boxes)
+GIVEN_BOX_SETS = {"coco": "coco_gt", "vcr": "vcr_gt"}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ NOT_INGESTED = {"sources.coco.image_info_test": "decontaminate"}
 DOWNLOADED = ("cc", "sbu")
 # sections outside ``sources`` with must_exist paths, and the commands that read them
 SECTION_READERS = {"extract": ("extract",), "pretrain": ("pretrain", "pretrain_masking", "pretrain_vcr"),
-                   "finetune": ("finetune", "seeds", "budgets"),
+                   "finetune": ("finetune", "seeds", "budgets"), "build_dbs": ("build_dbs",),
                    "model": ("pretrain", "pretrain_masking", "pretrain_vcr", "finetune", "seeds", "budgets")}
 
 

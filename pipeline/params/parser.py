@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -202,6 +203,8 @@ def _parse_value(tp: Any, value: Any, key: str) -> Any:
     if tp is Path:
         if not isinstance(value, str):
             raise ParamsError(f"{key}: expected a path string, got {value!r}")
+        if not value.strip():  # Path("") is the working directory: paths.data="" wrote into the repository
+            raise ParamsError(f"{key}: expected a path, got an empty string (use . for the working directory)")
         return Path(value)
     raise ParamsError(f"{key}: unsupported type {_type_name(tp)} in schema")
 
@@ -276,15 +279,60 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ParamsError(f"--set {dotted}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+    node[parts[-1]] = read_yaml(text, f"--set {dotted}") if text.strip() else ""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader itself refuses it below
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                            key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+# YAML 1.2 floats without a dot (5e-05, 1E3): PyYAML (YAML 1.1) reads them as strings, and JSON
+# writes small floats that way (an Airflow conf's "pretrain.optim.lr": 5e-05)
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` strictly; ParamsError naming ``source`` and the line on a syntax error
+    or a duplicate key."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ParamsError(f"{source}: not valid YAML{where}: {problem}") from None
 
 
 def load_raw(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"params file not found: {path}")
-    with path.open() as fh:
-        raw = yaml.safe_load(fh) or {}
+    if not path.is_file():
+        raise ParamsError(f"{path}: not a file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ParamsError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); save it as UTF-8") \
+            from None
+    raw = read_yaml(text, str(path)) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
     return raw

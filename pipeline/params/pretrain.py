@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from pipeline.params import deepspeed as deepspeed_params
+from pipeline.params.finetune import TASKS as FINETUNE_TASKS
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
     name_problem, subset_problem, weights_problem, zero_stage_problem
 
@@ -99,6 +100,25 @@ PRETRAIN_OUTPUTS = {"pretrain": "{}", "pretrain_vcr": "{}_vcr", "pretrain_maskin
 def output_name(stage: str, out_name: str) -> str:
     """``output_name("pretrain_vcr", "pretrain")`` -> ``"pretrain_vcr"``: a pretraining stage's output name."""
     return PRETRAIN_OUTPUTS[stage].format(out_name)
+
+
+# what other stages write beside the pretraining outputs (data/models/<name>, data/metrics/<name>,
+# data/checkpoints/<name>): the detector, the fine-tuning work root and each task's model
+OTHER_STAGES_OUTPUTS = ("detector", "finetune", *FINETUNE_TASKS)
+
+
+def out_name_problem(value: str) -> str | None:
+    """None when ``pretrain.out_name`` is a name (:func:`name_problem`) none of whose outputs is
+    another stage's, else the message (a clash would replace that stage's output)."""
+    problem = name_problem(value)
+    if problem:
+        return problem
+    taken = [output_name(stage, value) for stage in PRETRAIN_OUTPUTS
+             if output_name(stage, value) in OTHER_STAGES_OUTPUTS]
+    if taken:
+        return (f"{value!r} names a pretraining output {taken[0]!r}, which the {taken[0]} stage or task writes "
+                f"(data/models/{taken[0]}); choose another name")
+    return None
 
 
 @dataclass(frozen=True)
@@ -226,7 +246,7 @@ class PretrainConfig:
         first_mix = weights_problem(self.first_phase_mix, FIRST_STAGE_TASKS) if self.first_phase_steps else None
         # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
         # empty"), even with the borrowed decoder weights registered as external parameters
-        out = checked(out_name=name_problem(self.out_name),
+        out = checked(out_name=out_name_problem(self.out_name),
                       deepspeed=deepspeed_params.problem(self.deepspeed, "pretrain"),
                       zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2)),
                       mix_ratio=weights_problem(self.mix_ratio, FIRST_STAGE_TASKS),

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.ownership import remove_owned
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import ForeignDirectoryError, preflight
+from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_dir, atomic_write_json, remove_stale_temps
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
@@ -32,17 +32,6 @@ from pipeline.stores.vcr_text import vcr_specs
 
 log = logging.getLogger(__name__)
 PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
-
-
-def remove_stale_temps(final: Path) -> None:
-    """Delete what a killed earlier build of ``final`` left beside it (``.<name>.*.tmp`` / ``.old``).
-
-    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
-    :class:`~pipeline.common.ownership.ForeignDirectoryError` naming it.
-    """
-    for stale in sorted(final.parent.glob(f".{final.name}.*")):
-        if stale.is_dir() and (stale.name.endswith(".tmp") or ".old." in stale.name):
-            remove_owned(stale)
 
 
 def text_length(record: dict[str, Any]) -> int:
@@ -165,6 +154,18 @@ def text_db_specs(params: Params, tok: WordPieceTokenizer, img_root: Path) -> li
     return out
 
 
+def _preflight(feat_root: Path, img_root: Path, txt_root: Path) -> None:
+    """Before any DB is built: every image DB directory this run replaces is the pipeline's, and
+    the summaries' ``_run.json`` paths are free for a file (a foreign directory there stopped the
+    stage only at its very end). Text DB names depend on the built image DBs; atomic_dir checks each."""
+    feat_dirs = sorted(d for d in feat_root.iterdir() if d.is_dir() and (d / META_FILE).is_file()) \
+        if feat_root.is_dir() else []
+    preflight(*(img_root / d.name for d in feat_dirs))
+    for record in (img_root / RUN_FILE, txt_root / RUN_FILE):
+        if record.is_symlink() or (record.exists() and not record.is_file()):
+            raise ForeignDirectoryError(record, "replace with the stage's run record")
+
+
 def run(params: Params) -> dict[str, Any]:
     """Build every image DB, then every text DB; returns {"img": counts per DB, "txt": counts per DB}.
 
@@ -177,6 +178,7 @@ def run(params: Params) -> dict[str, Any]:
 
         return import_release(params)
     img_root, txt_root = data / "db" / "img", data / "db" / "txt"
+    _preflight(data / "features", img_root, txt_root)
     digest = params.section_digest("build_dbs", "seed")
     img_summary = RunRecord("build_dbs", digest)
     img_summary.counts.update(build_image_dbs(params, data / "features", img_root))

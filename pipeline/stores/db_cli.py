@@ -40,7 +40,8 @@ def _decoder(db: TextDb):
     try:
         tok = WordPieceTokenizer(db.meta["tokenizer"])
     except (FileNotFoundError, ValueError) as err:
-        return lambda ids: f"(cannot decode: {err})"
+        reason = str(err)  # ``err`` is unbound once the except block ends; the lambda runs later
+        return lambda ids: f"(cannot decode: {reason})"
     return lambda ids: tok.decode([int(i) for i in ids])
 
 

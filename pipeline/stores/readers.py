@@ -18,6 +18,12 @@ import lmdb
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG_DB_KIND, META_FILE, NBB_FILE, TXT2IMG_FILE, TXT_DB_KIND,
                                         decode_value)
 
+
+
+class DamagedStoreError(ValueError):
+    """A store's ``data.mdb`` is truncated or one of its values cannot be decoded (names DB and key)."""
+
+
 # (st_dev, st_ino) of an open data.mdb -> (pid, env, read txn). LMDB allows one handle per file and
 # process, so readers of the same file share it; keying on the inode (not the path) means a DB
 # rebuilt at the same path is a new file and gets a new handle.
@@ -34,11 +40,27 @@ def _shared_txn(path: Path) -> lmdb.Transaction:
         # inherited across fork: close this process's copy (lock=False: no locks to release, the
         # parent's mapping is untouched) before opening a handle of our own
         entry[1].close()
-    env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=True,
-                    max_readers=1)
+    env = _open_checked(path, st.st_size)
     txn = env.begin(buffers=True)
     _OPEN[key] = (pid, env, txn)
     return txn
+
+
+def _open_checked(path: Path, size: int) -> lmdb.Environment:
+    """Open ``path`` read-only after checking that ``data.mdb`` holds every page its header counts:
+    reading a page past the end of a truncated file is a SIGBUS (the process dies without a word)."""
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=True,
+                        max_readers=1)
+    except lmdb.Error as err:
+        raise DamagedStoreError(f"LMDB {path}: data.mdb ({size} bytes) cannot be opened ({err}); rebuild the DB") \
+            from None
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if size < need:
+        env.close()
+        raise DamagedStoreError(f"LMDB {path}: data.mdb has {size} bytes, its header counts {need}: the file is "
+                                "truncated; rebuild the DB")
+    return env
 
 
 class LmdbReader:
@@ -69,7 +91,17 @@ class LmdbReader:
         return buf
 
     def get(self, key: str) -> dict[str, Any]:
-        return decode_value(self.get_raw(key))
+        """The decoded value of ``key``; DamagedStoreError naming DB and key when it cannot be decoded."""
+        raw = self.get_raw(key)
+        try:
+            value = decode_value(raw)
+        except Exception as err:  # noqa: BLE001 - stored bytes are untrusted: any decode failure means damage
+            raise DamagedStoreError(f"LMDB {self.path}: the value of key {key!r} is damaged ({type(err).__name__}: "
+                                    f"{str(err)[:200]}); rebuild the DB") from None
+        if not isinstance(value, dict):
+            raise DamagedStoreError(f"LMDB {self.path}: the value of key {key!r} is a {type(value).__name__}, "
+                                    "expected a map; rebuild the DB")
+        return value
 
     __getitem__ = get
 

@@ -10,23 +10,32 @@ leaves an incomplete directory that resume ignores and the next save replaces.
 does not match the current run, the old checkpoints belong to another experiment and are removed
 instead of being resumed, but only when the root carries the pipeline's ownership marker
 (pipeline/common/ownership.py): a directory the pipeline did not create is never removed.
+
+A checkpoint directory is as untrusted as any input (a shared file system, a copied run): every
+file of it loads with torch's weights-only unpickler, DeepSpeed's own loads included
+(:func:`weights_only_loads`), so a planted pickle payload raises
+:class:`~model.weights_file.UnsafeCheckpointError` naming the file instead of running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
+import os
+import pickle
 import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
 
+from model.weights_file import FORCE_UNSAFE, FORCE_WEIGHTS_ONLY, UnsafeCheckpointError, load_plain_torch, refused
 from pipeline.common.ownership import check_owned, claim_dir, remove_owned
 from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
 from pipeline.training.launch import DistInfo
@@ -36,6 +45,48 @@ log = logging.getLogger(__name__)
 _TAG = re.compile(r"^step_(\d{7,})$")
 COMPLETE = "COMPLETE"
 FINGERPRINT = "fingerprint.json"
+
+
+def checkpoint_globals() -> tuple[Any, ...]:
+    """What a checkpoint of ours names beyond tensors and plain containers, each building plain
+    data only (no ``__reduce__`` or ``__setstate__`` of its own): numpy's array reconstruction
+    (the RNG state in ``trainer_state_rank*.pt``) and three records of DeepSpeed's ZeRO optimizer
+    state (its loss scaler, the ZeRO stage enum, a fragment's offsets)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return (np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+            LossScaler, ZeroStageEnum, fragment_address)
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Inside, every ``torch.load`` (DeepSpeed's too) builds tensors, plain containers and
+    :func:`checkpoint_globals` only; a file naming anything else raises ``pickle.UnpicklingError``."""
+    saved = {k: os.environ.pop(k, None) for k in (FORCE_WEIGHTS_ONLY, FORCE_UNSAFE)}
+    os.environ[FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        with torch.serialization.safe_globals(list(checkpoint_globals())):
+            yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
+
+
+def refuse_unsafe_files(directory: Path) -> None:
+    """Raise UnsafeCheckpointError naming the first ``*.pt`` file in ``directory`` whose pickle
+    names a global outside the weights-only set (call inside :func:`weights_only_loads`). Reads
+    each file's pickle opcodes only; nothing is unpickled."""
+    for f in sorted(directory.glob("*.pt")):
+        try:
+            unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(f))
+        except (ValueError, RuntimeError, OSError):  # not a torch zip: the weights-only load refuses it
+            continue
+        if unsafe:
+            raise refused(f, f"GLOBAL {unsafe[0]}")
 
 
 def capture_rng() -> dict[str, Any]:
@@ -158,12 +209,19 @@ class Checkpointer:
         if done["world_size"] != self.dist.world_size:
             raise ValueError(f"{path}: written by {done['world_size']} rank(s), this run has "
                              f"{self.dist.world_size}; remove {self.root} to start over")
-        load_path, client = engine.load_checkpoint(str(self.root), tag=tag_for(step), load_optimizer_states=True,
-                                                   load_lr_scheduler_states=True)
-        if load_path is None or client.get("trainer_step") != step:
-            raise RuntimeError(f"{path}: DeepSpeed could not load this checkpoint")
-        state_file = path / f"trainer_state_rank{self.dist.rank}.pt"
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        with weights_only_loads():
+            refuse_unsafe_files(path)
+            try:
+                load_path, client = engine.load_checkpoint(str(self.root), tag=tag_for(step),
+                                                           load_optimizer_states=True, load_lr_scheduler_states=True)
+            except UnsafeCheckpointError:
+                raise
+            except pickle.UnpicklingError as err:  # what the static scan cannot see
+                raise refused(path, str(err)) from None
+            if load_path is None or client.get("trainer_step") != step:
+                raise RuntimeError(f"{path}: DeepSpeed could not load this checkpoint")
+            state_file = path / f"trainer_state_rank{self.dist.rank}.pt"
+            state = load_plain_torch(state_file, allow=checkpoint_globals())
         if state.get("step") != step:
             raise RuntimeError(f"{state_file}: holds step {state.get('step')}, expected {step}")
         return state
@@ -183,7 +241,9 @@ def consolidated_state_dict(engine, checkpoint_root: Path, step: int, zero_stage
     else:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        merged = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag_for(step))
+        with weights_only_loads():
+            refuse_unsafe_files(Path(checkpoint_root) / tag_for(step))
+            merged = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag_for(step))
     out = {}
     for key, value in module_state.items():
         tensor = merged.get(key, value)

@@ -94,6 +94,21 @@ def deepspeed_config(s: EngineSettings) -> dict[str, Any]:
     return merge_config(config, s.extra)
 
 
+def start_backward_timers(engine) -> None:
+    """Start the backward timers that DeepSpeed's backward prologue would (call before
+    ``engine.backward``; a no-op unless ``flops_profiler`` or ``wall_clock_breakdown`` enables them).
+
+    DeepSpeed runs that prologue from hooks it puts on the tensors the forward returns; our models
+    return a namespace, so the hooks never fire and the backward's epilogue stopped a timer that
+    was never started ("AssertionError: timer is not started"). Nothing else of the prologue is
+    replayed: training did without it before, and does the same now.
+    """
+    timers = engine.engine_timers
+    for names in (timers.backward_timers, timers.backward_inner_timers):
+        if names and not engine.timers(names[0]).started_:
+            engine._start_timers(names)
+
+
 def merge_config(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``extra`` merged in: mappings recursively, anything else replaced."""
     out = dict(base)

@@ -17,7 +17,7 @@ import torch
 from model.layers import set_dropout
 from pipeline.common.progress import track
 from pipeline.training.checkpointing import Checkpointer, capture_rng, restore_rng
-from pipeline.training.engine import Precision, cast_batch, current_lr, fill_missing_grads
+from pipeline.training.engine import Precision, cast_batch, current_lr, fill_missing_grads, start_backward_timers
 from pipeline.training.launch import DistInfo
 from pipeline.training.metrics import MetricsLogger, RunningMeans, evaluate
 from pipeline.training.streams import BatchStream
@@ -134,6 +134,7 @@ def train(engine, *, schedule: TaskSchedule, streams: Mapping[str, BatchStream],
             batch = streams[stream].next_batch()
             interval_tokens += batch_units(batch)
             out = engine(prepare(batch), task)
+            start_backward_timers(engine)
             engine.backward(out.loss)
             fill_missing_grads(engine)
             engine.step()

@@ -60,7 +60,7 @@ def index_by_id(records: list, key: str) -> dict[Any, Mapping]:
     """{record[key]: record} for the records that are objects with that key; the first one wins."""
     index: dict[Any, Mapping] = {}
     for record in records:
-        if isinstance(record, Mapping) and key in record:
+        if isinstance(record, Mapping) and isinstance(record.get(key), (int, str)):  # a list or map joins nothing
             index.setdefault(record[key], record)
     return index
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -127,11 +128,28 @@ def missing_keys(record: Any, keys: tuple[str, ...]) -> Problem | None:
 
 
 def check_int(record: Mapping[str, Any], name: str) -> Problem | None:
-    """An integer id field (JSON numbers that are whole; booleans are not ids)."""
+    """An integer id field (JSON numbers that are whole, within int64; booleans are not ids)."""
     value = record.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return MALFORMED_ROW, f"{name} should be an integer, got {value!r}"[:300]
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        return MALFORMED_ROW, f"{name} should be an integer (int64), got {short_repr(value)}"
     return None
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def bad_number(value: Any, limit: float = FLOAT32_MAX) -> bool:
+    """True unless ``value`` is an int or float (not a bool) of magnitude at most ``limit`` (NaN is bad)."""
+    return isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= limit
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters; safe for 5,000-digit ints and deep nesting."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<a {type(value).__name__} too large or too deep to show>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _SURROGATE_RE = re.compile("[\udc80-\udcff]")
@@ -162,10 +180,18 @@ def raw_text(raw: Any) -> str:
     else:
         try:
             text = json.dumps(raw, ensure_ascii=False, default=repr)
-        except (TypeError, ValueError):  # e.g. tuple keys from a pickle
-            text = repr(raw)
+        except (TypeError, ValueError, RecursionError):  # tuple keys from a pickle, a 5,000-digit int, deep nesting
+            try:
+                text = repr(raw)
+            except (ValueError, RecursionError):
+                text = f"<a {type(raw).__name__} too large or too deep to show>"
     if has_surrogates(text):
         text = text.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="backslashreplace")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape: shown as \udXXX
+            text = text.encode("utf-8", errors="backslashreplace").decode("utf-8")
     return text
 
 
@@ -201,12 +227,43 @@ def _json_error(path: Path, text: str, err: json.JSONDecodeError) -> SourceForma
     return SourceFormatError(message)
 
 
+class OutOfRangeNumber:
+    """A JSON number no field can hold: more digits than Python converts (4,300), or a float
+    beyond double range (``1e400``). Parsed as this marker instead of failing the whole file, so
+    the one row holding it is rejected by its reader's type checks (it is neither int nor float)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text if len(self.text) <= 40 else f"{self.text[:20]}...({len(self.text)} chars)"
+
+
+def _parse_int(text: str) -> Any:
+    return int(text) if len(text) <= 4300 else OutOfRangeNumber(text)
+
+
+def _parse_float(text: str) -> Any:
+    value = float(text)
+    return value if value not in (float("inf"), float("-inf")) else OutOfRangeNumber(text)
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` with numbers out of range as :class:`OutOfRangeNumber` (``NaN``/``Infinity``
+    literals stay floats, as the readers' range checks expect). RecursionError: nesting deeper
+    than the parser goes."""
+    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
+
+
 def load_json(path: Path) -> tuple[Any, bool]:
     """Load a single-document JSON file; returns (document, clean).
 
     A file with bytes that are not UTF-8 still loads (decoded with ``surrogateescape``) and
     ``clean`` is False, so readers can reject just the records that carry such bytes.
-    Raises :class:`SourceFormatError` (see :func:`_json_error`) when it is not valid JSON.
+    Raises :class:`SourceFormatError` (see :func:`_json_error`) when it is not valid JSON, or
+    nests deeper than the JSON parser goes (the one case a single row can fail a whole file).
     """
     data = Path(path).read_bytes()
     try:
@@ -214,9 +271,12 @@ def load_json(path: Path) -> tuple[Any, bool]:
     except UnicodeDecodeError:
         text, clean = data.decode("utf-8", errors="surrogateescape"), False
     try:
-        return json.loads(text), clean
+        return parse_json(text), clean
     except json.JSONDecodeError as err:
         raise _json_error(path, text, err) from None
+    except RecursionError:
+        raise SourceFormatError(f"{path}: nested deeper than the JSON parser goes (Python's recursion limit "
+                                f"{sys.getrecursionlimit()}); the file cannot be read as one document") from None
 
 
 def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
@@ -262,9 +322,12 @@ def jsonl_records(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[str
             yield Reject(MALFORMED_ROW, "empty line", line, source, locator)
             continue
         try:
-            record = json.loads(text)
+            record = parse_json(text)
         except json.JSONDecodeError as err:
             yield Reject(MALFORMED_ROW, f"invalid JSON: {err}", line, source, locator)
+            continue
+        except RecursionError:
+            yield Reject(MALFORMED_ROW, "nested deeper than the JSON parser goes", line, source, locator)
             continue
         if not isinstance(record, dict):
             yield Reject(MALFORMED_ROW, f"expected a JSON object, got {type(record).__name__}", line, source,

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pipeline.ingest.sources.coco import index_by_id
 from pipeline.ingest.sources.records import (
     BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, SourceFormatError,
-    check_int, expect_list, load_json, missing_keys, record_has_surrogates,
+    bad_number, check_int, expect_list, load_json, missing_keys, record_has_surrogates, short_repr,
 )
 
 DATASET = "refcoco"
@@ -102,9 +102,8 @@ def _target(ref: Mapping, anns: Mapping, images: Mapping) -> Problem | dict:
     if ann is None:
         return MISSING_FIELD, f"ann_id {ref['ann_id']} has no annotation in instances.json"
     bbox = ann.get("bbox")
-    if not isinstance(bbox, list) or len(bbox) != 4 or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) for v in bbox):
-        return MALFORMED_ROW, f"annotation {ref['ann_id']} bbox {bbox!r} should be [x, y, w, h]"
+    if not isinstance(bbox, list) or len(bbox) != 4 or any(bad_number(v) for v in bbox):
+        return MALFORMED_ROW, f"annotation {ref['ann_id']} bbox {short_repr(bbox)} should be [x, y, w, h]"
     image = images.get(ref["image_id"])
     if image is None or not isinstance(image.get("file_name"), str):
         return MISSING_FIELD, f"image_id {ref['image_id']} has no image with a file_name in instances.json"

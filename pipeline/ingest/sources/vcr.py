@@ -12,14 +12,18 @@ names a file of them as the leaderboard holds them (jsonl: ``annot_id``, ``answe
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
 
 from pipeline.ingest.sources.records import (
-    BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, Problem, ReadContext, Reject, Row, jsonl_records, missing_keys,
+    BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, Problem, ReadContext, Reject, Row, SourceFormatError, jsonl_records,
+    missing_keys,
 )
+
+log = logging.getLogger(__name__)
 
 DATASET = "vcr"
 IMAGE_SOURCE = "vcr"
@@ -45,20 +49,31 @@ def input_files(sources) -> dict[str, Path]:
 
 
 def read_test_labels(path: Path, ctx: ReadContext) -> dict[str, dict]:
-    """{annot_id: {"answer_label", "rationale_label"}} of a test-label file; a bad line raises,
-    naming the file and line (the file is ground truth: nothing in it may be dropped silently)."""
+    """{annot_id: {"answer_label", "rationale_label"}} of a test-label file.
+
+    A line that is not a label record is counted (``test_label_lines_unreadable`` in _run.json) and
+    logged naming file and line; the test question it was for then has no labels and is rejected
+    (``missing_field``), so nothing is dropped silently. An annot_id given twice raises
+    SourceFormatError naming both lines: which label is the truth is then unknown.
+    """
     out: dict[str, dict] = {}
+    lines: dict[str, str] = {}
     for item in jsonl_records(path, ctx, "vcr test labels"):
         if isinstance(item, Reject):
-            raise ValueError(f"{path}: {item.locator}: {item.detail}")
-        locator, record, _ = item
-        problem = missing_keys(record, ("annot_id", "answer_label", "rationale_label"))
-        if problem or not isinstance(record["annot_id"], str):
-            raise ValueError(f"{path}: {locator}: expected annot_id (string), answer_label and rationale_label, "
-                             f"got {sorted(record) if isinstance(record, dict) else type(record).__name__}")
-        if record["annot_id"] in out:
-            raise ValueError(f"{path}: {locator}: annot_id {record['annot_id']!r} appears twice")
-        out[record["annot_id"]] = {k: record[k] for k in ("answer_label", "rationale_label")}
+            locator, detail = item.locator, item.detail
+        else:
+            locator, record, _ = item
+            problem = missing_keys(record, ("annot_id", "answer_label", "rationale_label"))
+            if not problem and isinstance(record["annot_id"], str):
+                if record["annot_id"] in out:
+                    raise SourceFormatError(f"{path}: {locator}: annot_id {record['annot_id']!r} appears twice "
+                                            f"(first on {lines[record['annot_id']]})")
+                out[record["annot_id"]] = {k: record[k] for k in ("answer_label", "rationale_label")}
+                lines[record["annot_id"]] = locator
+                continue
+            detail = "expected annot_id (string), answer_label and rationale_label"
+        ctx.note("test_label_lines_unreadable")
+        log.warning("%s: %s: %s; the test question it labels is rejected", path, locator, detail)
     return out
 
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pipeline.ingest.sources.coco import index_by_id, optional_int
 from pipeline.ingest.sources.records import (
     MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, check_int, check_url, expect_list,
-    load_json, missing_keys, record_has_surrogates,
+    bad_number, load_json, missing_keys, record_has_surrogates, short_repr,
 )
 
 DATASET = "vg"
@@ -50,9 +50,11 @@ def _region(region: Any, entry_image_id: Any, clean: bool, images: Mapping, ctx:
     if problem:
         return problem
     box = [region[k] for k in BOX_KEYS]
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in box):
-        return MALFORMED_ROW, f"region box {box} should be four numbers"
+    if any(bad_number(v) for v in box):
+        return MALFORMED_ROW, f"region box {short_repr(box)} should be four finite numbers (float32)"
     image_id = region.get("image_id", entry_image_id)
+    if isinstance(image_id, bool) or not isinstance(image_id, (int, str)):
+        return MALFORMED_ROW, f"image_id should be an integer, got {short_repr(image_id)}"
     image = images.get(image_id)
     if image is None:
         return MISSING_FIELD, f"image_id {image_id} has no entry in image_data.json"

@@ -103,6 +103,11 @@ class ShardIndex:
         except (OSError, pa.ArrowInvalid, KeyError) as err:
             raise SourceFormatError(f"{path}: not an img2dataset shard parquet with columns "
                                     f"{', '.join(SHARD_COLUMNS)}: {err}") from None
+        for name in SHARD_COLUMNS:  # img2dataset writes text; an int key has lost its zero padding
+            kind = table.schema.field(name).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+                raise SourceFormatError(f"{path}: column {name} should hold text (img2dataset writes strings), "
+                                        f"got {kind}")
         return table
 
     @staticmethod

@@ -138,7 +138,7 @@ def test_checkpoints_of_another_run_are_removed_only_from_a_marked_root(tmp_path
 
 
 def test_stale_temporaries_go_only_when_they_are_the_pipelines(tmp_path):
-    from pipeline.stores.build_dbs import remove_stale_temps
+    from pipeline.common.runinfo import remove_stale_temps
 
     final = tmp_path / "db"
     ours = claim_dir(tmp_path / ".db.abc.tmp", "build_dbs")
@@ -270,3 +270,32 @@ def test_the_cli_names_a_foreign_directory_without_a_traceback(tmp_path):
     assert done.returncode == 1, done.stderr
     assert f"refusing to replace {target}" in done.stderr and "Traceback" not in done.stderr
     assert intact(target)
+
+
+def test_build_dbs_checks_every_image_db_and_its_records_before_building_any(world):
+    """A foreign directory at the last image DB, or in place of a summary's _run.json, stops
+    build_dbs before it rebuilds anything (it used to rebuild the others first, or fail at the end)."""
+    from pipeline.stores.build_dbs import run
+
+    img = world / "db" / "img"
+    first = next(p for p in sorted(img.iterdir()) if p.is_dir())
+    before = (first / "data.mdb").stat().st_mtime_ns
+    for target in (img / "zz_last", world / "db" / "txt" / "_run.json"):
+        (world / "features" / "zz_last").mkdir(exist_ok=True)
+        (world / "features" / "zz_last" / "meta.json").write_text("{}")
+        moved = target.with_name(target.name + ".built") if target.exists() else None
+        if moved:
+            target.rename(moved)
+        decoy(target)
+        try:
+            with pytest.raises(ForeignDirectoryError, match=str(target)):
+                run(params_for(world))
+            assert intact(target)
+            assert (first / "data.mdb").stat().st_mtime_ns == before  # nothing rebuilt
+        finally:
+            _cleanup(target)
+            if moved:
+                moved.rename(target)
+            import shutil
+
+            shutil.rmtree(world / "features" / "zz_last")

@@ -117,10 +117,26 @@ def test_vcr_test_line_without_good_labels_in_the_file_is_rejected(tmp_path, lin
     assert ("test.jsonl", "line 1", fate) in fates(rejects)
 
 
-def test_a_broken_vcr_test_label_file_names_file_and_line(tmp_path):
+def test_a_bad_vcr_test_label_line_is_counted_and_named_and_the_rest_is_ingested(tmp_path, caplog):
+    """One malformed line of the label file no longer aborts the dataset: it is logged (file and
+    line) and counted; the question it was for, unlabelled, is rejected like any other."""
     bad = tmp_path / "labels.jsonl"
-    bad.write_text('{"annot_id": "test-0", "answer_label": 1, "rationale_label": 1}\n{"annot_id": "test-1"}\n')
-    with pytest.raises(ValueError, match=r"labels.jsonl: line 2: expected annot_id"):
+    bad.write_text('{"annot_id": "test-0", "answer_label": 1, "rationale_label": 1}\n{"annot_id": "test-1"}\n'
+                   '{"annot_id": [1], "answer_label": 1\n')
+    result, manifest, rejects = ingest(with_eval_server(tmp_path, f"sources.vcr.test_labels={bad}"), "vcr")
+    assert "vcr:test-0" in manifest.example_id.tolist()
+    assert result.notes["test_label_lines_unreadable"] == 2
+    assert f"{bad}: line 2: expected annot_id" in caplog.text and f"{bad}: line 3: invalid JSON" in caplog.text
+    assert result.rows_in == result.manifest_rows + result.rejected
+
+
+def test_a_vcr_test_label_given_twice_names_both_lines(tmp_path):
+    from pipeline.ingest.sources.records import SourceFormatError
+
+    bad = tmp_path / "labels.jsonl"
+    bad.write_text('{"annot_id": "test-0", "answer_label": 1, "rationale_label": 1}\n'
+                   '{"annot_id": "test-0", "answer_label": 2, "rationale_label": 1}\n')
+    with pytest.raises(SourceFormatError, match=r"labels.jsonl: line 2: annot_id 'test-0' appears twice \(first on line 1\)"):
         ingest(with_eval_server(tmp_path, f"sources.vcr.test_labels={bad}"), "vcr")
 
 
