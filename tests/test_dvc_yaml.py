@@ -34,6 +34,8 @@ PLUMBING = {
     # where a Hugging Face id's files lie in the local hub cache: the id is a params dep, the lookup
     # computes nothing (like the params parser that reads it)
     "pipeline/common/hf_cache.py",
+    # how an anticipated error is reported (one line, its exit status): never a bit of an output
+    "pipeline/common/failures.py",
 }
 PLUMBING_DIRS = ("pipeline/params/",)
 
