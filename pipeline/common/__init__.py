@@ -1,4 +1,4 @@
 """What every stage shares and no stage owns: run records and atomic writes (``runinfo``),
 ownership markers on the directories stages may clear (``ownership``), one writer per output
-(``locking``), progress reporting (``progress``), machine capabilities (``hardware``) and GPU
+(``locking``), progress reporting (``progress``), robust image decoding (``image_io``), machine capabilities (``hardware``) and GPU
 allotment for concurrent Airflow tasks (``gpu_alloc``)."""

@@ -79,7 +79,7 @@ def thumbnail_data_uri(path: str | Path | None, size: int = THUMB_PX) -> str | N
         return None
     from PIL import Image
 
-    from pipeline.ingest.image_io import ImageRejected, decode_image
+    from pipeline.common.image_io import ImageRejected, decode_image
 
     try:
         image = Image.fromarray(decode_image(path))

@@ -38,7 +38,7 @@ from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
 from pipeline.extract.detector.files import METRICS_FILE, WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.build import Detector, build_model
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
-from pipeline.ingest.image_io import ImageRejected, decode_image
+from pipeline.common.image_io import ImageRejected, decode_image
 from pipeline.params.parser import Params, to_dict
 
 log = logging.getLogger("pipeline.train_detector")
