@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
-from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.reasons import REJECT_REASONS, REMOVAL_REASONS
 
 CHART_SUFFIX = ".reasons.svg"
 SUMMARY_FILE = "summary.json"

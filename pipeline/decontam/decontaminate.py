@@ -32,7 +32,7 @@ from pipeline.decontam.eval_set import (IMAGE_COLUMNS, EvalIndex, inherit_identi
 from pipeline.decontam.matching import (REASONS, ImageMatch, NearDuplicateFinder, find_key_matches, image_paths,
                                         row_image_keys)
 from pipeline.decontam.phash import PhashCache
-from pipeline.ingest.reasons import REJECT_REASONS
+from pipeline.common.reasons import REJECT_REASONS
 from pipeline.ingest.sources.coco import read_image_info
 
 log = logging.getLogger(__name__)

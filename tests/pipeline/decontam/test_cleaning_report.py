@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.decontam import cleaning_report
-from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.reasons import REJECT_REASONS, REMOVAL_REASONS
 
 
 def make_report(dataset: str = "cc", removed: list[dict] | None = None) -> dict:
