@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.params.pretrain import PRETRAIN_OUTPUTS
     from pipeline.common.locking import BUSY_EXIT, LockBusy, stage_locks, wait_from_env
     from pipeline.common.ownership import ForeignDirectoryError
-    from pipeline.ingest.sources.records import SourceFormatError
+    from pipeline.common.source_records import SourceFormatError
     from pipeline.stores.lmdb_store import DiskFullError
 
     try:

@@ -1,5 +1,6 @@
 """What every stage shares and no stage owns: run records and atomic writes (``runinfo``),
 ownership markers on the directories stages may clear (``ownership``), one writer per output
 (``locking``), progress reporting (``progress``), robust image decoding (``image_io``), the reasons a row leaves
-the pipeline (``reasons``), machine capabilities (``hardware``) and GPU
+the pipeline (``reasons``), what a source reader yields and the source format errors
+(``source_records``), machine capabilities (``hardware``) and GPU
 allotment for concurrent Airflow tasks (``gpu_alloc``)."""

@@ -28,7 +28,7 @@ from pipeline.common.runinfo import RunRecord
 from pipeline.common.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.ingest.sources import load_reader
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     DUPLICATE_ID, MISSING_IMAGE, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row, raw_text,
 )
 

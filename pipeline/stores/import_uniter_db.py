@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
-from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
 from pipeline.stores.build_dbs import remove_stale_temps
 from pipeline.stores.tokenization import WordPieceTokenizer
