@@ -73,7 +73,7 @@ def class_table(scenes: dict) -> list[tuple[int, str, str]]:
 
 def refcoco_eval_images(refs_path: Path) -> set[str]:
     """``coco/<image_id>`` of every image a RefCOCO+ val / test ref is about (``refs(unc).p``)."""
-    from pipeline.ingest.sources.refcoco import load_plain_pickle
+    from pipeline.common.plain_pickle import load_plain_pickle
 
     refs = load_plain_pickle(refs_path)
     return {f"coco/{r['image_id']}" for r in refs
