@@ -139,7 +139,6 @@ def test_no_stage_imports_a_sibling_stage():
     assert sibling_stage_edges(import_graph()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="moves in progress")
 def test_shared_layers_import_no_stage():
     assert shared_to_stage_edges(import_graph()) == []
 
