@@ -214,7 +214,7 @@ def stage_main(args: argparse.Namespace) -> int:
     from pipeline.training.engine import resolve_precision
     from pipeline.training.loop import LoopSettings, train
     from pipeline.training.metrics import MetricsLogger
-    from pipeline.pretrain.model_io import build_model, spec_from_params
+    from pipeline.training.model_io import build_model, spec_from_params
     from pipeline.training.task_mix import TaskSchedule
 
     logging.basicConfig(level=logging.WARNING)

@@ -138,7 +138,7 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
     """Open ``name``'s DBs and read its pretrained start; check that the two fit together.
 
     ``dev_only``: the task scores its dev split(s) and never opens a test split (``pipeline budgets``)."""
-    from pipeline.pretrain.model_io import read_exported
+    from pipeline.training.model_io import read_exported
 
     cfg, data = params.finetune, Path(params.paths.data)
     task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name],

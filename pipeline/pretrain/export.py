@@ -82,7 +82,7 @@ def _eval_report(params: Params, plan: StagePlan, run: Trained, held_out: Mappin
 
 def _run_record(params: Params, plan: StagePlan, run: Trained, digests: list[Any], world_size: int) -> RunRecord:
     """_run.json: inputs, step counts (per task and stream, every rank's task digest) and sizes."""
-    from pipeline.pretrain.model_io import MODEL_FILE
+    from pipeline.training.model_io import MODEL_FILE
 
     record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
     for s in plan.train_sources + plan.val_sources:
@@ -105,7 +105,7 @@ def export(params: Params, plan: StagePlan, trainer: Trainer, run: Trained, star
     import torch.distributed as tdist
 
     from pipeline.training.checkpointing import save_safetensors
-    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, model_json
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
 
     dist, export_start = trainer.dist, time.time()
     digests: list[Any] = [None] * dist.world_size

@@ -186,7 +186,7 @@ def _final_eval(trainer: Trainer, engine, val: Mapping[str, list[dict[str, Any]]
 
 
 def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs):
-    from pipeline.pretrain.model_io import build_model, model_from_export, spec_from_params
+    from pipeline.training.model_io import build_model, model_from_export, spec_from_params
 
     txt_meta = train_dbs[0].meta
     vocab = int(txt_meta["vocab_size"]) + int(txt_meta.get("obj_tags", {}).get("extra_vocab", 0))

@@ -287,7 +287,7 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     from pipeline.pretrain.plan import plan_stage
     from pipeline.pretrain.pretrain import _build_model
     from pipeline.pretrain.inputs import open_sources
-    from pipeline.pretrain.model_io import read_exported
+    from pipeline.training.model_io import read_exported
 
     params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")
     pretraining = plan_stage(params, "pretrain")

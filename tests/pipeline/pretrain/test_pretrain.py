@@ -52,7 +52,7 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     from pipeline.pretrain.inputs import held_out_batches, open_sources
     from pipeline.training.engine import autocast_forward, resolve_precision
     from pipeline.training.metrics import evaluate
-    from pipeline.pretrain.model_io import model_from_export
+    from pipeline.training.model_io import model_from_export
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=16")
