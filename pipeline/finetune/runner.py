@@ -89,7 +89,7 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
             log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
         if plan.region_init_images:  # the same start of the region projection as pretraining had
             from pipeline.pretrain.inputs import open_sources
-            from pipeline.pretrain.region_init import init_region_projection, training_image_keys
+            from pipeline.training.region_init import init_region_projection, training_image_keys
 
             assert plan.img_root is not None and plan.region_sources, "region_init_images needs the pretraining DBs"
             txt_dbs, img_dbs = open_sources(plan.region_sources, plan.img_root)

@@ -209,7 +209,7 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
                         seed=params.seed, itm_init_std=cfg.itm_init_std)
     region_fit = None
     if params.model.region_init == "class_names":
-        from pipeline.pretrain.region_init import init_region_projection, training_image_keys
+        from pipeline.training.region_init import init_region_projection, training_image_keys
 
         # fitted on this stage's training images only: never an eval image, even one in the same DB
         region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, image_keys=training_image_keys(train_dbs),
