@@ -2,7 +2,7 @@
 
 An example is ``[CLS] text [SEP]`` plus the regions of its image(s) (VCR: given boxes then
 detected boxes, concatenated). A record that carries ``txt_type_ids`` (the VCR views of
-pipeline/pretrain/vcr_views.py) is already laid out, [CLS] and [SEP]s included, and keeps its
+pipeline/stores/vcr_views.py) is already laid out, [CLS] and [SEP]s included, and keeps its
 segment types. Masking goes through ``model.masking.mask_example``: conditional
 by default (mlm masks text only, mrm tasks regions only), ``masking="joint"`` masks both for
 the ablation. ITM swaps in another image of the dataset with probability ``itm_neg_prob``.

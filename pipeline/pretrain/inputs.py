@@ -14,7 +14,7 @@ from typing import Any, Literal, Sequence
 
 from pipeline.params.pretrain import DATASET_CHOICES, DOMAIN_DATASETS
 from pipeline.pretrain.datasets import TASKS, PretrainDataset
-from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
+from pipeline.stores.vcr_views import GoldAnswerView, GoldRationaleView
 from pipeline.stores.readers import ImageDbGroup, TextDb
 from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.training.streams import BatchStream

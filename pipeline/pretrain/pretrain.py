@@ -4,7 +4,7 @@
 by ``pretrain.datasets``) and the image DBs they name; ``pretrain_vcr`` starts from the first
 stage's export and reads the VCR text (Q→A from ``vcr_qa_<split>``, QA→R from
 ``vcr_qar_<split>``: two datasets, laid out as fine-tuning lays them out, segment types 0 / 2 / 3;
-pipeline/pretrain/vcr_views.py) with MLM + MRFR + MRC-kl, no ITM. Each writes
+pipeline/stores/vcr_views.py) with MLM + MRFR + MRC-kl, no ITM. Each writes
 
 - ``data/models/<name>/``: ``model.safetensors`` (consolidated fp32), ``model_config.json``,
   ``eval.json`` (held-out metrics before and after pretraining), ``_run.json``;
