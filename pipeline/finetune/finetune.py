@@ -161,7 +161,7 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
 
 def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
     """What one start of the task trains from, where it keeps its checkpoints, and its fingerprint."""
-    from pipeline.pretrain.inputs import first_stage_sources
+    from pipeline.stores.text_sources import first_stage_sources
 
     cfg, name = params.finetune, setup.task.name
     txt_root = Path(params.paths.data) / "db" / "txt"

@@ -46,7 +46,7 @@ class StagePlan:
 
 
 def plan_stage(params: Params, stage: str) -> StagePlan:
-    from pipeline.pretrain.inputs import TextSource, first_stage_sources
+    from pipeline.stores.text_sources import TextSource, first_stage_sources
 
     cfg, data = params.pretrain, Path(params.paths.data)
     txt = data / "db" / "txt"

@@ -125,7 +125,8 @@ def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]
 
 def train_rank(params: Params, plan: StagePlan) -> None:
     """Train this rank (one of ``world_size``); rank 0 writes the metrics and the outputs."""
-    from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
+    from pipeline.pretrain.inputs import held_out_batches, train_streams
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.engine import resolve_device, resolve_precision
 
     cfg, started = params.pretrain, time.time()

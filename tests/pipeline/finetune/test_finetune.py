@@ -286,7 +286,7 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     from pipeline.finetune.runner import RunPlan, build_model
     from pipeline.pretrain.plan import plan_stage
     from pipeline.pretrain.pretrain import _build_model
-    from pipeline.pretrain.inputs import open_sources
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.model_io import read_exported
 
     params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")

@@ -49,7 +49,8 @@ def first_stage(data) -> Path:
 
 def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     from pipeline.pretrain.plan import plan_stage
-    from pipeline.pretrain.inputs import held_out_batches, open_sources
+    from pipeline.pretrain.inputs import held_out_batches
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.engine import autocast_forward, resolve_precision
     from pipeline.training.metrics import evaluate
     from pipeline.training.model_io import model_from_export

@@ -15,7 +15,7 @@ from helpers.finetune_world import budget, ft_params, world
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 from pipeline.pretrain.datasets import PretrainDataset
-from pipeline.pretrain.inputs import TextSource, open_sources
+from pipeline.stores.text_sources import TextSource, open_sources
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
