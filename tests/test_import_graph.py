@@ -2,7 +2,7 @@
 
 The graph is built from the source with ``ast`` (nothing is imported): one node per module under
 pipeline/, one edge per ``import``/``from ... import`` of another pipeline module, wherever it sits
-(top level or inside a function). A stage package (ingest, decontam, extract, pretrain, finetune,
+(top level or inside a function; not under ``if TYPE_CHECKING:``, which never runs). A stage package (ingest, decontam, extract, pretrain, finetune,
 report, mini_world) may import from itself and from the shared layers (common, training, stores,
 params), never from a sibling stage. pipeline/__main__.py and pipeline/stages.py are the entry and
 registry above every stage and are not checked for sibling edges.
@@ -35,6 +35,15 @@ def _resolve_from(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (imports for annotations only: never run, so no edge)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def import_graph(root: Path = PIPELINE) -> dict[str, set[str]]:
     """module -> the pipeline modules it imports. ``from pkg import mod`` names the submodule
     ``pkg.mod``; ``from pkg import f`` (f not a module) names ``pkg`` itself."""
@@ -42,7 +51,12 @@ def import_graph(root: Path = PIPELINE) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        type_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                     for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
             if isinstance(node, ast.Import):
                 targets.update(a.name for a in node.names if a.name in files)
             elif isinstance(node, ast.ImportFrom):
@@ -128,9 +142,10 @@ def test_graph_sees_relative_and_function_level_imports(tmp_path):
     for f in ("__init__.py", "a/__init__.py", "b/__init__.py", "b/y.py"):
         (pkg / f).write_text("")
     (pkg / "a" / "x.py").write_text("def f():\n    from ..b import y\n    from . import z\n")
-    (pkg / "a" / "z.py").write_text("import pipeline.a.x\n")
+    (pkg / "a" / "z.py").write_text("import pipeline.a.x\nif TYPE_CHECKING:\n    from pipeline.b import y\n")
     graph = import_graph(pkg)
     assert graph["pipeline.a.x"] == {"pipeline.b.y", "pipeline.a.z"}
+    assert graph["pipeline.a.z"] == {"pipeline.a.x"}
     assert cycles(graph) == [["pipeline.a.x", "pipeline.a.z"]]
 
 
