@@ -100,6 +100,17 @@ def remove_owned(path: Path | str) -> None:
     shutil.rmtree(path)
 
 
+def remove_stale_temps(final: Path) -> None:
+    """Delete what a killed earlier build of ``final`` left beside it (``.<name>.*.tmp`` / ``.old``).
+
+    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
+    :class:`ForeignDirectoryError` naming it.
+    """
+    for stale in sorted(final.parent.glob(f".{final.name}.*")):
+        if stale.is_dir() and (stale.name.endswith(".tmp") or ".old." in stale.name):
+            remove_owned(stale)
+
+
 def preflight(*paths: Path | str) -> None:
     """Check, before a stage does any work, every directory it will later clear or replace.
 

@@ -15,10 +15,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipeline.common.ownership import remove_stale_temps
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
 from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
-from pipeline.stores.build_dbs import remove_stale_temps
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.images import STAGE, Rule, convert_image_db, find_release_db
 from pipeline.stores.uniter_release.layout import IMAGE_DIRS, TEXT_SOURCES, TEXT_TARGETS

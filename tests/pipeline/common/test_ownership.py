@@ -138,7 +138,7 @@ def test_checkpoints_of_another_run_are_removed_only_from_a_marked_root(tmp_path
 
 
 def test_stale_temporaries_go_only_when_they_are_the_pipelines(tmp_path):
-    from pipeline.stores.build_dbs import remove_stale_temps
+    from pipeline.common.ownership import remove_stale_temps
 
     final = tmp_path / "db"
     ours = claim_dir(tmp_path / ".db.abc.tmp", "build_dbs")
