@@ -84,7 +84,7 @@ def _pre_work_checks(params) -> None:
     from pipeline.pretrain import plan as pretrain
     from pipeline.extract.detector.selection import num_kept
     from pipeline.decontam.phash import near_duplicate_pairs
-    from pipeline.extract.extract import targets
+    from pipeline.extract.image_sets import targets
     from pipeline.training.engine import EngineSettings, deepspeed_config, warmup_linear_decay
 
     for stage in ("pretrain", "pretrain_masking", "pretrain_vcr"):
