@@ -59,7 +59,7 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
 
     cfg = params.finetune
     names = [item] if item is not None else list(cfg.tasks)
-    check_params(params, names)
+    check_tasks(params, names)
     data = Path(params.paths.data)
     preflight(*(p for n in names for p in (data / "checkpoints" / "finetune" / n, data / "models" / n,
                                           *(data / "metrics" / n / init for init in ("pretrained", "scratch")))))
@@ -76,29 +76,15 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_params(params: Params, names: list[str]) -> None:
-    """Reject settings the stage cannot run with, naming the params key."""
-    cfg = params.finetune
+def check_tasks(params: Params, names: list[str]) -> None:
+    """Refuse a task (an ITEM of the CLI) that does not exist or has no budget in ``finetune.per_task``.
+
+    Every range of the ``finetune`` section is checked once, when params are parsed
+    (pipeline/params/finetune.py); an ITEM is not part of params, so it is checked here."""
     for name in names:
         task_class(name)
-        if name not in cfg.per_task:
+        if name not in params.finetune.per_task:
             raise ValueError(f"finetune.per_task has no entry for task {name!r}")
-        t = cfg.per_task[name]
-        if t.steps < 1 or t.batch_tokens < 1 or t.lr <= 0 or t.warmup_steps < 0:
-            raise ValueError(f"finetune.per_task.{name}: steps, batch_tokens and lr must be > 0, warmup_steps >= 0")
-    checks = [
-        (cfg.retrieval_hard_negatives >= 1, "finetune.retrieval_hard_negatives must be >= 1"),
-        (cfg.retrieval_neg_pool >= cfg.retrieval_hard_negatives,
-         "finetune.retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"),
-        (cfg.eval_batch_tokens > 0, "finetune.eval_batch_tokens must be > 0"),
-        (cfg.zero_stage in (0, 1, 2, 3), "finetune.zero_stage must be 0, 1, 2 or 3"),
-        (cfg.keep_checkpoints >= 1 and cfg.log_every >= 1, "finetune.keep_checkpoints and log_every must be >= 1"),
-        (min(cfg.val_every, cfg.val_batches, cfg.checkpoint_every) >= 0,
-         "finetune.val_every, val_batches and checkpoint_every must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
 
 
 def finetune_seed(params: Params) -> int:

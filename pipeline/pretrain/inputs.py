@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from pipeline.params.pretrain import DOMAIN_DATASETS
-from pipeline.pretrain.datasets import TASKS, PretrainDataset
+from pipeline.params.pretrain import DOMAIN_DATASETS, FIRST_STAGE_TASKS
+from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.stores.readers import ImageDbGroup
 from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.training.streams import BatchStream
@@ -27,7 +27,7 @@ PRETRAIN_DATASETS = tuple(d for names in DOMAIN_DATASETS.values() for d in names
 
 def task_seed(seed: int, task: str) -> int:
     """Each task's sampler shuffles with its own stream of the root seed."""
-    return seed * 31 + TASKS.index(task) + 1
+    return seed * 31 + FIRST_STAGE_TASKS.index(task) + 1
 
 
 def stream_seed(seed: int, stream: str) -> int:

@@ -35,7 +35,7 @@ from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.params.parser import Params, dump_params, to_dict
 from pipeline.pretrain.export import Trained, export
-from pipeline.pretrain.plan import StagePlan, check_params, plan_stage
+from pipeline.pretrain.plan import StagePlan, plan_stage
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import in_launched_worker, launch_workers, process_group
 from pipeline.training.task_mix import TaskSchedule
@@ -62,7 +62,6 @@ def run_vcr(params: Params) -> None:
 
 
 def _run(params: Params, plan: StagePlan) -> None:
-    check_params(params, plan)
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
