@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline.common.ownership import claim_dir
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
-from pipeline.extract.detector.files import WEIGHTS_FILE, detector_dir
+from pipeline.common.detector_files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
                                               plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import IMAGE_SOURCES

@@ -35,7 +35,7 @@ import torch
 
 from pipeline.common.ownership import preflight
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.extract.detector.files import METRICS_FILE, WEIGHTS_FILE, detector_dir
+from pipeline.common.detector_files import METRICS_FILE, WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.build import Detector, build_model
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
 from pipeline.common.image_io import ImageRejected, decode_image

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
-from pipeline.extract.detector.files import METRICS_FILE, detector_dir
+from pipeline.common.detector_files import METRICS_FILE, detector_dir
 from pipeline.params.finetune import TASK_SPLITS
 from pipeline.params.parser import Params
 
