@@ -14,7 +14,7 @@ Writes, per task:
   task files (VQA: predictions in the submission format), ``item_scores.json`` (each start's score
   of every item of each headline metric, dev and test), ``_run.json`` (counts and timings);
 - ``data/metrics/<task>.json``: the summary metrics of both starts, the gain with its paired
-  cluster-bootstrap interval (``pipeline.finetune.paired``) and chance levels;
+  cluster-bootstrap interval (``pipeline.training.paired``) and chance levels;
 - ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
 """
 
@@ -38,7 +38,7 @@ from pipeline.common.exiting import exit_now
 from pipeline.common.ownership import claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
 from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.finetune.paired import ITEMS_FILE, paired_gain
+from pipeline.training.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext

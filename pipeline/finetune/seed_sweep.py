@@ -13,7 +13,7 @@ start model (``models/<init>``) are links to the run's own: the run's outputs ar
 changes the heads' start, the batch order and dropout of both starts; the pretrained model and the
 data stay the same. Writes ``<out>/spread.json`` and ``<out>/spread.md``: per headline metric, each
 seed's pretrained and non-pretrained scores and gain with its interval, and over the seeds the
-mean, sample sd and range of each (``pipeline.report.seed_spread.spread``).
+mean, sample sd and range of each (``pipeline.training.paired.spread``).
 Exit status 2 for bad arguments or params (an unknown task, no scratch start to compare with).
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from pipeline.params.parser import Params
-from pipeline.report.seed_spread import COLUMNS, spread, spread_cell
+from pipeline.training.paired import COLUMNS, spread, spread_cell
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.finetune.paired import ITEMS_FILE, groups_for_half_width, paired_gain
+from pipeline.training.paired import ITEMS_FILE, groups_for_half_width, paired_gain
 from pipeline.finetune.seed_sweep import default_out, seed_roots
 from pipeline.params.finetune import TASK_SPLITS
 from pipeline.report.results_cli import ResultsError, guarded

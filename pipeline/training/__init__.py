@@ -10,5 +10,6 @@ resume / consolidated export), ``launch`` (the ``deepspeed`` launcher and proces
 The harness knows nothing about UNITER's tasks: it trains any module whose ``forward(batch, task)``
 returns an object with ``loss`` and ``metrics``. What both stages share about the model itself sits
 beside it: ``model_io`` (build the model from params; write and read back its exported form) and
-``region_init`` (the region projection's start fitted to the detector's class names).
+``region_init`` (the region projection's start fitted to the detector's class names); ``paired``
+says how far a fine-tuning gain can be trusted (its paired interval, the spread over seeds).
 """

@@ -61,7 +61,7 @@ def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task)
         assert entry["chance"] == record["chance"][key]
         assert f"{splits.dev[0]}/{name}" in record["chance"]  # chance on dev too
         assert 0.0 <= entry["pretrained"] <= 100.0
-    # the per-item scores of every summary metric average to the reported score (pipeline.finetune.paired)
+    # the per-item scores of every summary metric average to the reported score (pipeline.training.paired)
     items = json.loads((out / "item_scores.json").read_text())
     assert set(items) == {"pretrained"} and set(record["summary"]) <= set(items["pretrained"])
     assert {k.partition("/")[0] for k in items["pretrained"]} >= set(splits.dev)  # dev too: splits are sized there
