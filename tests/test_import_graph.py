@@ -158,6 +158,5 @@ def test_shared_layers_import_no_stage():
     assert shared_to_stage_edges(import_graph()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="moves in progress")
 def test_no_import_cycles():
     assert cycles(import_graph()) == []

@@ -17,10 +17,15 @@ The marker is the one fact that says "this pipeline wrote it".
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from pipeline.common.runinfo import atomic_write_json, current_umask
 
 OWNER_FILE = ".uniter-owner.json"
 # pipeline.common.runinfo.atomic_write_bytes writes the marker as ".<name>.<random>.tmp", then renames it
@@ -64,8 +69,6 @@ def check_owned(path: Path | str, action: str = "remove") -> None:
 
 def write_marker(path: Path | str, stage: str, params_digest: str | None = None) -> None:
     """Write the marker into the existing directory ``path`` (deterministic bytes: no time, no pid)."""
-    from pipeline.common.runinfo import atomic_write_json
-
     owner: dict[str, Any] = {"stage": stage}
     if params_digest is not None:
         owner["params_digest"] = params_digest
@@ -86,6 +89,37 @@ def claim_dir(path: Path | str, stage: str, params_digest: str | None = None) ->
         if is_marker_leftover(entry):
             entry.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
+
+    The temporary directory carries ``stage``'s ownership marker from the start, so the result
+    does too, and so does what a killed build leaves behind (which a later run may then clear).
+    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
+    :class:`ForeignDirectoryError` is raised before any work, and again at the
+    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
+    """
+    final = Path(final)
+    check_owned(final, action="replace")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700
+    try:
+        write_marker(tmp, stage)
+        yield tmp
+        check_owned(final, action="replace")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_owned(path: Path | str) -> None:

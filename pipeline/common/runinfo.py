@@ -2,8 +2,8 @@
 
 Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
 digests, code version, the machine, counts, wall time, peak memory. Writers go through
-:func:`atomic_write_bytes` / :func:`atomic_dir` so a killed stage never leaves a half-written file
-at its final path.
+:func:`atomic_write_bytes` (directories: :func:`pipeline.common.ownership.atomic_dir`) so a killed
+stage never leaves a half-written file at its final path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -144,7 +143,7 @@ def _cpu_identity(fields: Mapping[str, str]) -> dict[str, str]:
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12]}
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -172,39 +171,6 @@ def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> 
     """Deterministic JSON (sorted keys, trailing newline) written atomically."""
     text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
-
-    The temporary directory carries ``stage``'s ownership marker from the start, so the result
-    does too, and so does what a killed build leaves behind (which a later run may then clear).
-    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
-    :class:`~pipeline.common.ownership.ForeignDirectoryError` is raised before any work, and again at the
-    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
-    """
-    from pipeline.common.ownership import check_owned, write_marker
-
-    final = Path(final)
-    check_owned(final, action="replace")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
-    try:
-        write_marker(tmp, stage)
-        yield tmp
-        check_owned(final, action="replace")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old.{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
@@ -277,4 +243,4 @@ class RunRecord:
 def chmod_as_open(path: Path | str) -> None:
     """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open()`` would: 0666 less
     the umask. Other users, e.g. an Airflow worker in docker, must be able to read stage outputs."""
-    os.chmod(path, 0o666 & ~_umask())
+    os.chmod(path, 0o666 & ~current_umask())

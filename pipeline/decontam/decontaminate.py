@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.common.runinfo import RunRecord, atomic_dir
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord
 from pipeline.decontam.arrow_sort import count_distinct, take_sorted
 from pipeline.decontam.coco_test_images import read_image_info
 from pipeline.decontam.eval_set import (IMAGE_COLUMNS, EvalIndex, inherit_identities, manifest_path, read_eval_images,

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.common.ownership import preflight
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import atomic_dir, preflight
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.common.detector_files import METRICS_FILE, WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.build import Detector, build_model
 from pipeline.extract.detector.extractor import RegionExtractor, Regions

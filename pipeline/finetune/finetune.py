@@ -35,9 +35,9 @@ import torch
 
 from model.config import UniterConfig
 from pipeline.common.exiting import exit_now
-from pipeline.common.ownership import claim_dir, preflight, remove_owned
+from pipeline.common.ownership import atomic_dir, claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.training.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class

@@ -23,7 +23,8 @@ from typing import Any, Literal, Mapping
 import torch
 
 from model.config import UniterConfig
-from pipeline.common.runinfo import atomic_dir, atomic_write_json, file_digest
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
 from pipeline.training.engine import Precision

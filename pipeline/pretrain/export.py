@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pipeline.common.ownership import remove_owned
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import atomic_dir, remove_owned
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.params.parser import Params
 from pipeline.pretrain.plan import StagePlan, recipe_departures
 from pipeline.training.loop import LoopResult

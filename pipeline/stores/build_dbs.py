@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.ownership import remove_stale_temps
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import atomic_dir, remove_stale_temps
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,

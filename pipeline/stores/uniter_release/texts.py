@@ -21,7 +21,8 @@ import lmdb
 import numpy as np
 
 from pipeline.common.progress import track
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.common.source_records import SourceFormatError
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
                                         encode_value, text_length)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from helpers.dbs_synthetic import ROOT, built_world, params_for
-from pipeline.common.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
-from pipeline.common.runinfo import atomic_dir
+from pipeline.common.ownership import (OWNER_FILE, ForeignDirectoryError, atomic_dir, claim_dir, is_owned, remove_owned,
+                                       write_marker)
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
