@@ -2,18 +2,17 @@
 
 The graph is built from the source with ``ast`` (nothing is imported): one node per module under
 pipeline/, one edge per ``import``/``from ... import`` of another pipeline module, wherever it sits
-(top level or inside a function; not under ``if TYPE_CHECKING:``, which never runs). A stage package (ingest, decontam, extract, pretrain, finetune,
-report, mini_world) may import from itself and from the shared layers (common, training, stores,
-params), never from a sibling stage. pipeline/__main__.py and pipeline/stages.py are the entry and
-registry above every stage and are not checked for sibling edges.
+(top level or inside a function; not under ``if TYPE_CHECKING:``, which never runs). A stage package
+(ingest, decontam, extract, pretrain, finetune, report, mini_world) may import from itself and from
+the shared layers (common, training, stores, params), never from a sibling stage (but for
+:data:`KNOWN_SIBLING_EDGES`); a shared layer imports no stage. pipeline/__main__.py and
+pipeline/stages.py are the entry and registry above every stage and are not checked.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import pytest
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 SHARED_LAYERS = frozenset({"common", "training", "stores", "params"})
@@ -75,6 +74,15 @@ def import_graph(root: Path = PIPELINE) -> dict[str, set[str]]:
 def package_of(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PIPELINE / parts[1]).is_dir()) else None
+
+
+# Sibling edges still in the code, each with its reason; a new one fails the test, and one that goes
+# must leave this list too. report split-size sizes RefCOCO+'s test halves from the mini world's own
+# rule (which shapes testA may name, and each category's shape), which lives with the world's writer.
+KNOWN_SIBLING_EDGES = {
+    ("pipeline.report.split_size", "pipeline.mini_world.coco"),
+    ("pipeline.report.split_size", "pipeline.mini_world.refcoco"),
+}
 
 
 def shared_to_stage_edges(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -149,9 +157,8 @@ def test_graph_sees_relative_and_function_level_imports(tmp_path):
     assert cycles(graph) == [["pipeline.a.x", "pipeline.a.z"]]
 
 
-@pytest.mark.xfail(strict=True, reason="moves in progress")
 def test_no_stage_imports_a_sibling_stage():
-    assert sibling_stage_edges(import_graph()) == []
+    assert set(sibling_stage_edges(import_graph())) == KNOWN_SIBLING_EDGES
 
 
 def test_shared_layers_import_no_stage():
