@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.common.ownership import atomic_dir, remove_stale_temps
 from pipeline.common.runinfo import RunRecord, atomic_write_json
+from pipeline.params.decontaminate import PRETRAIN_DATASETS
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
@@ -31,7 +32,6 @@ from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.vcr_text import vcr_specs
 
 log = logging.getLogger(__name__)
-PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
 
 
 def write_text_db(out_dir: Path, spec: TextDbSpec, tok: WordPieceTokenizer, nbb: dict[str, dict[str, int]], *,
