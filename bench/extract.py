@@ -120,12 +120,12 @@ def time_config(preset: str, device: str, height: int, width: int, n: int, batch
 
 
 def decode_rate(height: int, width: int, n: int = 20) -> float:
-    """JPEG decode images/s (pipeline.ingest.image_io, one thread) at this size."""
+    """JPEG decode images/s (pipeline.common.image_io, one thread) at this size."""
     import tempfile
 
     from PIL import Image
 
-    from pipeline.ingest.image_io import decode_image
+    from pipeline.common.image_io import decode_image
 
     images = render_images(n, height, width, seed=5)
     with tempfile.TemporaryDirectory() as tmp:

@@ -127,7 +127,7 @@ def run_ours(tsv: Path, out: Path, layout: str) -> dict:
 def run_pandas(tsv: Path, out: Path, layout: str) -> dict:
     import pandas as pd
 
-    from pipeline.ingest.sources.records import URL_RE
+    from pipeline.common.source_records import URL_RE
 
     start = time.perf_counter()
     df = pd.read_csv(tsv, sep="\t", header=None, names=["caption", "url"], quoting=csv.QUOTE_NONE, dtype=str,

@@ -210,11 +210,12 @@ def stage_main(args: argparse.Namespace) -> int:
 
     from pipeline.pretrain.plan import plan_stage
     from pipeline.training.checkpointing import Checkpointer
-    from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
+    from pipeline.pretrain.inputs import held_out_batches, train_streams
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.engine import resolve_precision
     from pipeline.training.loop import LoopSettings, train
     from pipeline.training.metrics import MetricsLogger
-    from pipeline.pretrain.model_io import build_model, spec_from_params
+    from pipeline.training.model_io import build_model, spec_from_params
     from pipeline.training.task_mix import TaskSchedule
 
     logging.basicConfig(level=logging.WARNING)

@@ -27,7 +27,7 @@ EXIT_STATUS: dict[str, int] = {
     # bad parameters
     "pipeline.params.parser.ParamsError": BAD_INPUT,
     # bad input files: a damaged source, a file that would run code, weights that do not fit
-    "pipeline.ingest.sources.records.SourceFormatError": BAD_INPUT,
+    "pipeline.common.source_records.SourceFormatError": BAD_INPUT,
     "pipeline.stores.uniter_release.formats.EntryFormatError": BAD_INPUT,
     "model.weights_file.UnsafeCheckpointError": BAD_INPUT,
     "model.weights_file.WeightsMismatchError": BAD_INPUT,

@@ -17,10 +17,16 @@ The marker is the one fact that says "this pipeline wrote it".
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from pipeline.common.runinfo import atomic_write_json, current_umask
 
 OWNER_FILE = ".uniter-owner.json"
 # pipeline.common.runinfo.atomic_write_bytes writes the marker as ".<name>.<random>.tmp", then renames it
@@ -64,8 +70,6 @@ def check_owned(path: Path | str, action: str = "remove") -> None:
 
 def write_marker(path: Path | str, stage: str, params_digest: str | None = None) -> None:
     """Write the marker into the existing directory ``path`` (deterministic bytes: no time, no pid)."""
-    from pipeline.common.runinfo import atomic_write_json
-
     owner: dict[str, Any] = {"stage": stage}
     if params_digest is not None:
         owner["params_digest"] = params_digest
@@ -86,6 +90,40 @@ def claim_dir(path: Path | str, stage: str, params_digest: str | None = None) ->
         if is_marker_leftover(entry):
             entry.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
+
+    The temporary directory carries ``stage``'s ownership marker from the start, so the result
+    does too, and so does what a killed build leaves behind (which a later run may then clear).
+    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
+    :class:`ForeignDirectoryError` is raised before any work, and again at the
+    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
+    """
+    final = Path(final)
+    check_owned(final, action="replace")
+    remove_stale_temps(final)  # what a killed earlier build (or its cleanup) left beside final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700
+    try:
+        write_marker(tmp, stage)
+        yield tmp
+        check_owned(final, action="replace")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove_tree(tmp)
+        raise
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        with contextlib.suppress(OSError):  # a leftover is removed by the next build of final
+            remove_tree(old)
 
 
 def remove_owned(path: Path | str) -> None:
@@ -117,6 +155,23 @@ def remove_tree(path: Path | str) -> None:
             entry.unlink()
     (path / OWNER_FILE).unlink(missing_ok=True)
     path.rmdir()
+
+
+def remove_stale_temps(final: Path | str) -> None:
+    """Delete what a killed earlier build of ``final`` left beside it: ``.<name>.*.tmp`` and
+    ``.<name>.old.*`` directories.
+
+    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
+    :class:`ForeignDirectoryError` naming it. The stage lock keeps a second build of the same
+    output from running meanwhile.
+    """
+    final = Path(final)
+    if not final.parent.is_dir():
+        return
+    for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*")):
+        if stale.is_dir() and not stale.is_symlink() and (stale.name.endswith(".tmp") or
+                                                            stale.name.startswith(f".{final.name}.old.")):
+            remove_owned(stale)
 
 
 def preflight(*paths: Path | str) -> None:

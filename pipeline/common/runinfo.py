@@ -2,14 +2,13 @@
 
 Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
 digests, code version, the machine, counts, wall time, peak memory. Writers go through
-:func:`atomic_write_bytes` / :func:`atomic_dir` so a killed stage never leaves a half-written file
-at its final path.
+:func:`atomic_write_bytes` (directories: :func:`pipeline.common.ownership.atomic_dir`) so a killed
+stage never leaves a half-written file at its final path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -144,7 +143,7 @@ def _cpu_identity(fields: Mapping[str, str]) -> dict[str, str]:
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12]}
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -175,61 +174,6 @@ def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> 
     """Deterministic JSON (sorted keys, trailing newline) written atomically."""
     text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path | str, *, stage: str) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
-
-    The temporary directory carries ``stage``'s ownership marker from the start, so the result
-    does too, and so does what a killed build leaves behind (which a later run may then clear).
-    An existing ``final`` is replaced only when the pipeline owns it (or it is empty): otherwise
-    :class:`~pipeline.common.ownership.ForeignDirectoryError` is raised before any work, and again at the
-    swap. On an exception the temporary directory is removed and ``final`` is left untouched.
-    """
-    from pipeline.common.ownership import check_owned, remove_tree, write_marker
-
-    final = Path(final)
-    check_owned(final, action="replace")
-    remove_stale_temps(final)  # what a killed earlier build (or its cleanup) left beside final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
-    try:
-        write_marker(tmp, stage)
-        yield tmp
-        check_owned(final, action="replace")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            remove_tree(tmp)
-        raise
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old.{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        with contextlib.suppress(OSError):  # a leftover is removed by the next build of final
-            remove_tree(old)
-
-
-def remove_stale_temps(final: Path | str) -> None:
-    """Delete what a killed earlier build of ``final`` left beside it: ``.<name>.*.tmp`` and
-    ``.<name>.old.*`` directories.
-
-    Only directories carrying the pipeline's ownership marker (or empty ones) go; any other raises
-    :class:`~pipeline.common.ownership.ForeignDirectoryError` naming it. The stage lock keeps a
-    second build of the same output from running meanwhile.
-    """
-    from pipeline.common.ownership import remove_owned
-
-    final = Path(final)
-    if not final.parent.is_dir():
-        return
-    for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*")):
-        if stale.is_dir() and not stale.is_symlink() and (stale.name.endswith(".tmp") or
-                                                            stale.name.startswith(f".{final.name}.old.")):
-            remove_owned(stale)
 
 
 def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
@@ -307,4 +251,4 @@ class RunRecord:
 def chmod_as_open(path: Path | str) -> None:
     """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open()`` would: 0666 less
     the umask. Other users, e.g. an Airflow worker in docker, must be able to read stage outputs."""
-    os.chmod(path, 0o666 & ~_umask())
+    os.chmod(path, 0o666 & ~current_umask())

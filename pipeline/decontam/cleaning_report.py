@@ -17,16 +17,14 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
-from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.reasons import REMOVAL_REASONS, SUMMARY_FILE, rejected_by_reason, removed_by_reason
 
 CHART_SUFFIX = ".reasons.svg"
-SUMMARY_FILE = "summary.json"
 THUMB_PX = 128
 MAX_EVAL_THUMBS = 3
 # characters Markdown acts on inside a table cell: escapes, code spans, emphasis, links, cell breaks
@@ -50,25 +48,6 @@ def pick_samples(removed: list[dict], n: int) -> list[dict]:
     return picked
 
 
-def ordered(counts: Mapping[str, int], order: Iterable[str]) -> list[tuple[str, int]]:
-    """``counts`` items in contract order (``order``), unknown reasons after them, sorted.
-
-    JSON files store keys sorted alphabetically; every rendering goes through this so that a report
-    reads the same whether it comes from memory or from its JSON file.
-    """
-    order = list(order)
-    known = [(r, counts[r]) for r in order if r in counts]
-    return known + sorted((r, n) for r, n in counts.items() if r not in order)
-
-
-def removed_by_reason(report: Mapping) -> list[tuple[str, int]]:
-    return ordered(report["removed_images"], REMOVAL_REASONS)
-
-
-def rejected_by_reason(report: Mapping) -> list[tuple[str, int]]:
-    return ordered(report["rejected_rows"], REJECT_REASONS)
-
-
 def thumbnail_data_uri(path: str | Path | None, size: int = THUMB_PX) -> str | None:
     """A JPEG data URI of the image at ``path`` scaled to fit ``size`` px, or None if unreadable.
 
@@ -79,7 +58,7 @@ def thumbnail_data_uri(path: str | Path | None, size: int = THUMB_PX) -> str | N
         return None
     from PIL import Image
 
-    from pipeline.ingest.image_io import ImageRejected, decode_image
+    from pipeline.common.image_io import ImageRejected, decode_image
 
     try:
         image = Image.fromarray(decode_image(path))
@@ -263,15 +242,3 @@ def write_summary(out_dir: Path, reports: Iterable[Mapping]) -> dict[str, int]:
     metrics = summary_metrics(reports)
     atomic_write_json(Path(out_dir) / SUMMARY_FILE, metrics)
     return metrics
-
-
-def load_cleaning_reports(report_dir: Path) -> dict[str, dict]:
-    """Dataset -> report dict of every ``<dataset>.json`` in ``report_dir`` (summary excluded)."""
-    reports = {}
-    for path in sorted(Path(report_dir).glob("*.json")):
-        if path.name == SUMMARY_FILE:
-            continue
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "removed_images" in data and "dataset" in data:
-            reports[data["dataset"]] = data
-    return reports

@@ -29,16 +29,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.common.runinfo import RunRecord, atomic_dir
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord
 from pipeline.decontam.arrow_sort import count_distinct, take_sorted
+from pipeline.decontam.coco_test_images import read_image_info
 from pipeline.decontam.eval_set import (IMAGE_COLUMNS, EvalIndex, inherit_identities, manifest_path, read_eval_images,
                                         read_known_images, read_manifest, string_columns)
 from pipeline.decontam.matching import (REASONS, ImageMatch, NearDuplicateFinder, find_key_matches, image_paths,
                                         row_image_keys)
 from pipeline.decontam.phash import PhashCache
+from pipeline.common.reasons import REJECT_REASONS
 from pipeline.decontam.streamed import count_rejects, decontaminate_file
-from pipeline.ingest.reasons import REJECT_REASONS
-from pipeline.ingest.sources.coco import read_image_info
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from pipeline.decontam.eval_set import KEY_SEP, EvalIndex, identity_keys, image_key_array
 from pipeline.decontam.phash import PhashCache, near_duplicate_pairs
-from pipeline.ingest.reasons import REMOVAL_REASONS
+from pipeline.common.reasons import REMOVAL_REASONS
 
 log = logging.getLogger(__name__)
 

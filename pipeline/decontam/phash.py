@@ -25,7 +25,7 @@ from PIL import Image
 
 from pipeline.common.progress import track
 from pipeline.common.runinfo import atomic_write_bytes
-from pipeline.ingest.image_io import ImageRejected, decode_image
+from pipeline.common.image_io import ImageRejected, decode_image
 
 HASH_BITS = 64
 _CACHE_SCHEMA = pa.schema(

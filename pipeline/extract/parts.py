@@ -36,7 +36,7 @@ from pipeline.common.runinfo import DONE_SUFFIX, RUN_FILE, RunRecord, atomic_wri
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, RunSummary, ShardJob, effective_amp,
                                               finished, plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
-from pipeline.extract.extract import detector_meta, feature_dir, make_settings, select, write_outputs
+from pipeline.extract.image_sets import detector_meta, feature_dir, make_settings, select, write_outputs
 from pipeline.params.parser import Params
 
 log = logging.getLogger("pipeline.extract")

@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.common.ownership import preflight
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.extract.detector.files import METRICS_FILE, WEIGHTS_FILE, detector_dir
+from pipeline.common.ownership import atomic_dir, preflight
+from pipeline.common.runinfo import RunRecord, atomic_write_json
+from pipeline.common.detector_files import METRICS_FILE, WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.build import Detector, build_model
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
-from pipeline.ingest.image_io import ImageRejected, decode_image
+from pipeline.common.image_io import ImageRejected, decode_image
 from pipeline.params.parser import Params, to_dict
 
 log = logging.getLogger("pipeline.train_detector")
@@ -73,7 +73,7 @@ def class_table(scenes: dict) -> list[tuple[int, str, str]]:
 
 def refcoco_eval_images(refs_path: Path) -> set[str]:
     """``coco/<image_id>`` of every image a RefCOCO+ val / test ref is about (``refs(unc).p``)."""
-    from pipeline.ingest.sources.refcoco import load_plain_pickle
+    from pipeline.common.plain_pickle import load_plain_pickle
 
     refs = load_plain_pickle(refs_path)
     return {f"coco/{r['image_id']}" for r in refs

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from pipeline.common.runinfo import RUN_FILE
-from pipeline.finetune.paired import ITEMS_FILE
+from pipeline.training.paired import ITEMS_FILE
 from pipeline.finetune.seed_sweep import LoadParams, link_inputs, parse_sweep, run_beside, sweep_parser
 from pipeline.params.parser import Params
 

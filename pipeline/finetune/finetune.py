@@ -14,7 +14,7 @@ Writes, per task:
   task files (VQA: predictions in the submission format), ``item_scores.json`` (each start's score
   of every item of each headline metric, dev and test), ``_run.json`` (counts and timings);
 - ``data/metrics/<task>.json``: the summary metrics of both starts, the gain with its paired
-  cluster-bootstrap interval (``pipeline.finetune.paired``) and chance levels;
+  cluster-bootstrap interval (``pipeline.training.paired``) and chance levels;
 - ``data/metrics/<task>/<start>/``: dvclive training curves (loss, accuracy, lr, tokens/s).
 """
 
@@ -36,11 +36,11 @@ import torch
 from model.config import UniterConfig
 from model.weights_file import UniterFormatError
 from pipeline.common.exiting import exit_now
-from pipeline.common.ownership import claim_dir, preflight, remove_owned
+from pipeline.common.ownership import atomic_dir, claim_dir, preflight, remove_owned
 from pipeline.common.progress import configure_logging
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.finetune.guard import DIVERGED_EXIT, DivergedError
-from pipeline.finetune.paired import ITEMS_FILE, paired_gain
+from pipeline.training.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
@@ -61,7 +61,7 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
 
     cfg = params.finetune
     names = [item] if item is not None else list(cfg.tasks)
-    check_params(params, names)
+    check_tasks(params, names)
     data = Path(params.paths.data)
     preflight(*(p for n in names for p in (data / "checkpoints" / "finetune" / n, data / "models" / n,
                                           *(data / "metrics" / n / init for init in ("pretrained", "scratch")))))
@@ -78,29 +78,15 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_params(params: Params, names: list[str]) -> None:
-    """Reject settings the stage cannot run with, naming the params key."""
-    cfg = params.finetune
+def check_tasks(params: Params, names: list[str]) -> None:
+    """Refuse a task (an ITEM of the CLI) that does not exist or has no budget in ``finetune.per_task``.
+
+    Every range of the ``finetune`` section is checked once, when params are parsed
+    (pipeline/params/finetune.py); an ITEM is not part of params, so it is checked here."""
     for name in names:
         task_class(name)
-        if name not in cfg.per_task:
+        if name not in params.finetune.per_task:
             raise ValueError(f"finetune.per_task has no entry for task {name!r}")
-        t = cfg.per_task[name]
-        if t.steps < 1 or t.batch_tokens < 1 or t.lr <= 0 or t.warmup_steps < 0:
-            raise ValueError(f"finetune.per_task.{name}: steps, batch_tokens and lr must be > 0, warmup_steps >= 0")
-    checks = [
-        (cfg.retrieval_hard_negatives >= 1, "finetune.retrieval_hard_negatives must be >= 1"),
-        (cfg.retrieval_neg_pool >= cfg.retrieval_hard_negatives,
-         "finetune.retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"),
-        (cfg.eval_batch_tokens > 0, "finetune.eval_batch_tokens must be > 0"),
-        (cfg.zero_stage in (0, 1, 2, 3), "finetune.zero_stage must be 0, 1, 2 or 3"),
-        (cfg.keep_checkpoints >= 1 and cfg.log_every >= 1, "finetune.keep_checkpoints and log_every must be >= 1"),
-        (min(cfg.val_every, cfg.val_batches, cfg.checkpoint_every) >= 0,
-         "finetune.val_every, val_batches and checkpoint_every must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
 
 
 def finetune_seed(params: Params) -> int:
@@ -142,7 +128,7 @@ def open_task(params: Params, name: str, *, dev_only: bool = False) -> TaskSetup
     """Open ``name``'s DBs and read its pretrained start; check that the two fit together.
 
     ``dev_only``: the task scores its dev split(s) and never opens a test split (``pipeline budgets``)."""
-    from pipeline.pretrain.model_io import read_exported
+    from pipeline.training.model_io import read_exported
 
     cfg, data = params.finetune, Path(params.paths.data)
     task = task_class(name)(TaskContext(name=name, data=data, cfg=cfg, task_cfg=cfg.per_task[name],
@@ -177,7 +163,7 @@ def start_heads(task: FinetuneTask, state: dict[str, torch.Tensor]) -> dict[str,
 
 def run_plan(params: Params, setup: TaskSetup, init: str) -> RunPlan:
     """What one start of the task trains from, where it keeps its checkpoints, and its fingerprint."""
-    from pipeline.pretrain.inputs import first_stage_sources
+    from pipeline.stores.text_sources import first_stage_sources
 
     cfg, name = params.finetune, setup.task.name
     txt_root = Path(params.paths.data) / "db" / "txt"

@@ -23,7 +23,8 @@ from typing import Any, Literal, Mapping
 import torch
 
 from model.config import UniterConfig
-from pipeline.common.runinfo import atomic_dir, atomic_write_json, file_digest
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.finetune.guard import DivergenceGuard
 from pipeline.finetune.tasks.base import FinetuneModule, FinetuneTask
 from pipeline.finetune.tasks.rows import fixed_batches, mix_seed
@@ -57,7 +58,7 @@ class RunPlan:
     # scratch start: images sampled to fit the region projection to the class names (0: random start),
     # from the training images of these pretraining text DBs (the fit the pretraining stage made)
     region_init_images: int = 0
-    region_sources: tuple[Any, ...] = ()  # pipeline.pretrain.inputs.TextSource of the first pretraining stage
+    region_sources: tuple[Any, ...] = ()  # pipeline.stores.text_sources.TextSource of the first pretraining stage
     img_root: Path | None = None
     budget: TaskConfig | None = None  # steps, lr, batch, warmup of this start (None: the task's per_task budget)
 
@@ -98,8 +99,8 @@ def build_model(task: FinetuneTask, plan: RunPlan, *, seed: int) -> torch.nn.Mod
             report = load_bert_weights(model, resolve_bert_checkpoint(plan.bert_checkpoint))
             log.info("%s scratch start: text side from %s (%d tensors)", task.name, report.path, len(report.loaded))
         if plan.region_init_images:  # the same start of the region projection as pretraining had
-            from pipeline.pretrain.inputs import open_sources
-            from pipeline.pretrain.region_init import init_region_projection, training_image_keys
+            from pipeline.stores.text_sources import open_sources
+            from pipeline.training.region_init import init_region_projection, training_image_keys
 
             assert plan.img_root is not None and plan.region_sources, "region_init_images needs the pretraining DBs"
             txt_dbs, img_dbs = open_sources(plan.region_sources, plan.img_root)

@@ -13,7 +13,7 @@ start model (``models/<init>``) are links to the run's own: the run's outputs ar
 changes the heads' start, the batch order and dropout of both starts; the pretrained model and the
 data stay the same. Writes ``<out>/spread.json`` and ``<out>/spread.md``: per headline metric, each
 seed's pretrained and non-pretrained scores and gain with its interval, and over the seeds the
-mean, sample sd and range of each (``pipeline.report.seed_spread.spread``).
+mean, sample sd and range of each (``pipeline.training.paired.spread``).
 Exit status 2 for bad arguments or params (an unknown task, no scratch start to compare with).
 """
 
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from pipeline.params.finetune import seed_root, seed_sweep_dir
 from pipeline.params.parser import Params
-from pipeline.report.seed_spread import COLUMNS, spread, spread_cell
+from pipeline.training.paired import COLUMNS, spread, spread_cell
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +38,6 @@ log = logging.getLogger(__name__)
 SHARED_INPUTS = ("db", "manifests")
 LoadParams = Callable[[list[str]], Params]  # extra ``--set`` overrides -> parsed params
 T = TypeVar("T")
-
-
-def default_out(data: Path, task: str) -> Path:
-    """Where a sweep of ``task`` writes when ``--out`` is not given: ``<data>/seeds/<task>``."""
-    return data / "seeds" / task
-
-
-def seed_root(out: Path, seed: int) -> Path:
-    return out / f"seed{seed}"
-
-
-def seed_roots(out: Path) -> dict[int, Path]:
-    """{seed: its data root} of the seeds a sweep into ``out`` has run (:func:`seed_root`), by seed."""
-    roots = {int(p.name[4:]): p for p in out.glob("seed*") if p.is_dir() and p.name[4:].isdigit()}
-    return dict(sorted(roots.items()))
 
 
 def link_inputs(data: Path, root: Path, init_name: str) -> None:
@@ -223,7 +209,7 @@ def run_beside(work: Callable[[], T]) -> T | int:
 
 
 def main(argv: list[str]) -> int:
-    call = parse_sweep(build_parser(), argv, check_args, default_out)
+    call = parse_sweep(build_parser(), argv, check_args, seed_sweep_dir)
     if isinstance(call, int):
         return call
     args, out = call.args, call.out

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.errors import DownloadError
 from pipeline.ingest.sources import load_reader
-from pipeline.ingest.sources.records import ReadContext, Row
+from pipeline.common.source_records import ReadContext, Row
 from pipeline.ingest.sources.web_images import SHARD_RE
 
 log = logging.getLogger(__name__)

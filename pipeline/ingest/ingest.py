@@ -1,7 +1,7 @@
 """Stage ``ingest@<dataset>``: raw annotations in their real formats -> manifest + rejects.
 
 For each dataset the reader (pipeline/ingest/sources/<dataset>.py) yields one Row or Reject per raw row;
-this module removes duplicate ids (the first wins), checks images (pipeline/ingest/image_io.py) and
+this module removes duplicate ids (the first wins), checks images (pipeline/common/image_io.py) and
 streams both outputs in chunks of ``params.ingest.chunk_rows``:
 
     <paths.data>/manifests/<dataset>.parquet          (docs/design.md §6)
@@ -25,10 +25,10 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.common.runinfo import RunRecord
-from pipeline.ingest.image_io import probe_image_detail
+from pipeline.common.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.ingest.sources import load_reader
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     DUPLICATE_ID, MALFORMED_ROW, MISSING_IMAGE, NON_UTF8, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row,
     raw_text,
 )

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pipeline.common.progress import track
-from pipeline.common.runinfo import RunRecord, atomic_dir, tree_digest
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord, tree_digest
 from pipeline.mini_world.coco import write_coco
 from pipeline.mini_world.flickr30k import write_flickr30k, write_snli_ve
 from pipeline.mini_world.nlvr2 import write_nlvr2

@@ -1,4 +1,5 @@
-"""``finetune:`` section: downstream tasks, their training budgets and the shared fine-tuning knobs."""
+"""``finetune:`` section: downstream tasks, their training budgets and the shared fine-tuning knobs;
+where a seed sweep (``python -m pipeline seeds``) writes its runs."""
 
 from __future__ import annotations
 
@@ -171,3 +172,19 @@ class FinetuneConfig:
             zero_stage=zero_stage_problem(self.zero_stage, (0, 1, 2, 3)),
             deepspeed=deepspeed_params.problem(self.deepspeed, "finetune"),
         )
+
+
+def seed_sweep_dir(data: Path, task: str) -> Path:
+    """Where ``python -m pipeline seeds`` writes ``task``'s sweep when ``--out`` is not given:
+    ``<data>/seeds/<task>`` (``report split-size`` reads it there)."""
+    return data / "seeds" / task
+
+
+def seed_root(out: Path, seed: int) -> Path:
+    return out / f"seed{seed}"
+
+
+def seed_roots(out: Path) -> dict[int, Path]:
+    """{seed: its data root} of the seeds a sweep into ``out`` has run (:func:`seed_root`), by seed."""
+    roots = {int(p.name[4:]): p for p in out.glob("seed*") if p.is_dir() and p.name[4:].isdigit()}
+    return dict(sorted(roots.items()))

@@ -16,7 +16,7 @@ Dataset = Literal["coco", "vg", "flickr30k", "cc", "sbu", "vqa", "vcr", "nlvr2",
 class IngestConfig:
     # which datasets `python -m pipeline ingest` (no ITEM) processes, in this order
     datasets: tuple[Dataset, ...] = DATASETS
-    # check every image a row needs with pipeline.ingest.image_io (reasons missing_image / unreadable_image)
+    # check every image a row needs with pipeline.common.image_io (reasons missing_image / unreadable_image)
     check_images: bool = True
     # decode each image completely (catches corruption inside the data); false: header + end marker only
     full_image_check: bool = True

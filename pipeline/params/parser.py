@@ -93,6 +93,9 @@ class Params:
         out = ([("seed", message)] if message else []) + self._scored_split_problems()
         if self.pretrain.steps == 0 and self.model.uniter_checkpoint is None:  # nothing to start from but BERT
             out.append(("pretrain.steps", "0 (no training) needs model.uniter_checkpoint, the model to export as is"))
+        if self.pretrain.steps == 0 and self.pretrain.zero_stage != 0:  # no checkpoint: exported from the module
+            out.append(("pretrain.zero_stage", "must be 0 with pretrain.steps 0 (nothing trained, no ZeRO checkpoint to "
+                                               "export from)"))
         return out
 
     def _scored_split_problems(self) -> list[tuple[str, str]]:

@@ -11,8 +11,9 @@ from pipeline.params.finetune import TASKS as FINETUNE_TASKS
 from pipeline.params.checks import MAX_COUNT, MAX_STEPS, MAX_TOKENS, betas_problem, bounded, checked, must_exist, \
     name_problem, subset_problem, weights_problem, zero_stage_problem
 
-# The tasks each stage can draw. model/pretraining.py (PRETRAIN_TASKS) and pipeline/pretrain/pretrain.py keep
-# their own copies because they import torch and this module must not; tests compare them.
+# The tasks each stage can draw, for every module of pipeline/ (the pretraining datasets and streams
+# import them). model/pretraining.py keeps its own PRETRAIN_TASKS: the model layer imports nothing
+# of pipeline/, and this module must not import torch; a test compares them.
 FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage: VCR has no mismatched pairs
 VCR_VIEWS = ("qa", "qar")

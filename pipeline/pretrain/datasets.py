@@ -2,7 +2,7 @@
 
 An example is ``[CLS] text [SEP]`` plus the regions of its image(s) (VCR: given boxes then
 detected boxes, concatenated). A record that carries ``txt_type_ids`` (the VCR views of
-pipeline/pretrain/vcr_views.py) is already laid out, [CLS] and [SEP]s included, and keeps its
+pipeline/stores/vcr_views.py) is already laid out, [CLS] and [SEP]s included, and keeps its
 segment types. Masking goes through ``model.masking.mask_example``: conditional
 by default (mlm masks text only, mrm tasks regions only), ``masking="joint"`` masks both for
 the ablation. ITM swaps in another image of the dataset with probability ``itm_neg_prob``.
@@ -31,9 +31,9 @@ import torch
 from torch.utils.data import Dataset
 
 from model.masking import mask_example
+from pipeline.params.pretrain import FIRST_STAGE_TASKS
 from pipeline.stores.readers import ImageDbGroup, TextDb
 
-TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 _MASK64 = (1 << 64) - 1
 
 
@@ -67,8 +67,8 @@ class PretrainDataset(Dataset):
     def __init__(self, txt_dbs: Sequence[TextDb], img_dbs: ImageDbGroup, *, task: str, seed: int = 0,
                  masking: Literal["conditional", "joint"] = "conditional", mask_prob: float = 0.15,
                  itm_neg_prob: float = 0.5, datasets: Sequence[str] | None = None) -> None:
-        if task not in TASKS:
-            raise ValueError(f"unknown pretraining task {task!r}; expected one of {TASKS}")
+        if task not in FIRST_STAGE_TASKS:
+            raise ValueError(f"unknown pretraining task {task!r}; expected one of {FIRST_STAGE_TASKS}")
         if masking not in ("conditional", "joint"):
             raise ValueError(f"masking must be conditional or joint, got {masking!r}")
         digests = {db.meta["tokenizer_sha256"] for db in txt_dbs}
@@ -125,7 +125,7 @@ class PretrainDataset(Dataset):
     def generator(self, index: int) -> torch.Generator:
         """The generator of example ``index`` in this epoch (independent of worker and order)."""
         key = 0
-        parts = [self.seed, self.epoch, TASKS.index(self.task), index]
+        parts = [self.seed, self.epoch, FIRST_STAGE_TASKS.index(self.task), index]
         if self.datasets is not None:  # one dataset's stream: masks independent of another's at the same index
             parts.append(zlib.crc32(",".join(self.datasets).encode()))
         for part in parts:

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pipeline.common.ownership import remove_owned
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
+from pipeline.common.ownership import atomic_dir, remove_owned
+from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.params.parser import Params
 from pipeline.pretrain.plan import StagePlan, recipe_departures
 from pipeline.training.loop import LoopResult
@@ -83,7 +83,7 @@ def _eval_report(params: Params, plan: StagePlan, run: Trained, held_out: Mappin
 
 def _run_record(params: Params, plan: StagePlan, run: Trained, digests: list[Any], world_size: int) -> RunRecord:
     """_run.json: inputs, step counts (per task and stream, every rank's task digest) and sizes."""
-    from pipeline.pretrain.model_io import MODEL_FILE
+    from pipeline.training.model_io import MODEL_FILE
 
     record = RunRecord(plan.stage, params.section_digest("seed", "model", "pretrain"))
     for s in plan.train_sources + plan.val_sources:
@@ -110,7 +110,7 @@ def export(params: Params, plan: StagePlan, trainer: Trainer, run: Trained, star
     import torch.distributed as tdist
 
     from pipeline.training.checkpointing import save_safetensors
-    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, model_json
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, model_json
 
     dist, export_start = trainer.dist, time.time()
     digests: list[Any] = [None] * dist.world_size

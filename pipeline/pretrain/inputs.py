@@ -1,21 +1,19 @@
 """Pretraining inputs: per-task train streams and fixed held-out batches, from the LMDB stores.
 
-The datasets, sampler and collate are pipeline/pretrain/datasets.py and pipeline/training/batching.py; this
-module only decides which text DBs feed which task, seeds them, shards them over ranks and wraps
-them in resumable :class:`BatchStream`s.
+The datasets, sampler and collate are pipeline/pretrain/datasets.py and pipeline/training/batching.py,
+the text DBs a stage reads (:class:`TextSource`) pipeline/stores/text_sources.py; this module only
+decides which text DBs feed which task, seeds them, shards them over ranks and wraps them in
+resumable :class:`BatchStream`s.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
-from pipeline.params.pretrain import DATASET_CHOICES, DOMAIN_DATASETS
-from pipeline.pretrain.datasets import TASKS, PretrainDataset
-from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
-from pipeline.stores.readers import ImageDbGroup, TextDb
+from pipeline.params.pretrain import DOMAIN_DATASETS, FIRST_STAGE_TASKS
+from pipeline.pretrain.datasets import PretrainDataset
+from pipeline.stores.readers import ImageDbGroup
 from pipeline.training.batching import TokenBucketSampler, collate_pretrain
 from pipeline.training.streams import BatchStream
 from pipeline.training.task_mix import stream_dataset, stream_task
@@ -24,45 +22,12 @@ log = logging.getLogger(__name__)
 
 # separates the held-out RNG streams from the training ones (the same batches in every run)
 VAL_SEED_OFFSET = 7_777
-# pretrain.datasets -> the text DB domains of the first pretraining stage
-DOMAINS = DATASET_CHOICES
 PRETRAIN_DATASETS = tuple(d for names in DOMAIN_DATASETS.values() for d in names)
-
-
-@dataclass(frozen=True)
-class TextSource:
-    """One pretraining text dataset: a text DB directory, optionally read through a view."""
-
-    path: Path
-    view: Literal["plain", "gold_answer", "gold_rationale"] = "plain"
-
-    def open(self) -> TextDb | GoldAnswerView | GoldRationaleView:
-        if not (self.path / "meta.json").exists():
-            raise FileNotFoundError(f"text DB {self.path} not found (run the build_dbs stage first)")
-        db = TextDb(self.path)
-        views = {"gold_answer": GoldAnswerView, "gold_rationale": GoldRationaleView}
-        return views[self.view](db) if self.view in views else db
-
-
-def first_stage_sources(txt_root: Path, datasets: str, split: str) -> tuple[TextSource, ...]:
-    """The first pretraining stage's text DBs of ``split`` (train | val) for ``pretrain.datasets``."""
-    return tuple(TextSource(txt_root / f"pretrain_{d}_{split}") for d in DOMAINS[datasets])
-
-
-def open_sources(sources: Sequence[TextSource], img_root: Path) -> tuple[list[Any], ImageDbGroup]:
-    """Open the text DBs (or views) and every image DB they reference."""
-    txt_dbs = [s.open() for s in sources]
-    names = sorted({n for db in txt_dbs for n in db.img_db_names})
-    missing = [n for n in names if not (img_root / n / "meta.json").exists()]
-    if missing:
-        raise FileNotFoundError(f"image DB(s) {missing} referenced by {[str(s.path) for s in sources]} "
-                                f"not found under {img_root}")
-    return txt_dbs, ImageDbGroup(img_root, names)
 
 
 def task_seed(seed: int, task: str) -> int:
     """Each task's sampler shuffles with its own stream of the root seed."""
-    return seed * 31 + TASKS.index(task) + 1
+    return seed * 31 + FIRST_STAGE_TASKS.index(task) + 1
 
 
 def stream_seed(seed: int, stream: str) -> int:

@@ -1,7 +1,8 @@
-"""What a pretraining stage trains on and where it writes, resolved from params and checked.
+"""What a pretraining stage trains on and where it writes, resolved from params.
 
 :func:`plan_stage` turns ``params.pretrain`` into a :class:`StagePlan` for ``pretrain``,
-``pretrain_masking`` or ``pretrain_vcr``; :func:`check_params` rejects what a stage cannot run with.
+``pretrain_masking`` or ``pretrain_vcr``. Every key it reads was range-checked when params were
+parsed (pipeline/params/pretrain.py), the task mixes included.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from typing import Any, Mapping
 from pipeline.params.parser import Params
 from pipeline.params.pretrain import output_name
 
-FIRST_STAGE_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
-VCR_TASKS = ("mlm", "mrfr", "mrc", "mrc_kl")  # no ITM in the second stage
 FIRST_STAGE_EVAL = ("itm", "mlm", "mrc_kl")  # always measured: the baseline and masking comparisons need them
 OTHER_MASKING = {"conditional": "joint", "joint": "conditional"}
 
@@ -46,7 +45,7 @@ class StagePlan:
 
 
 def plan_stage(params: Params, stage: str) -> StagePlan:
-    from pipeline.pretrain.inputs import TextSource, first_stage_sources
+    from pipeline.stores.text_sources import TextSource, first_stage_sources
 
     cfg, data = params.pretrain, Path(params.paths.data)
     txt = data / "db" / "txt"
@@ -100,45 +99,4 @@ def recipe_departures(params: Params) -> dict[str, Any]:
             value = getattr(value, part)
         values[key] = value
     return recipe_overrides(values, params.pretrain.recipe)
-
-
-def check_params(params: Params, plan: StagePlan) -> None:
-    """Reject settings the stage cannot run with, naming the params key."""
-    cfg = params.pretrain
-    first = plan.stage != "pretrain_vcr"
-    allowed = FIRST_STAGE_TASKS if first else VCR_TASKS
-    key = "pretrain.mix_ratio" if first else "pretrain.vcr.mix_ratio"
-    unknown = sorted(set(plan.mix_ratio) - set(allowed))
-    if unknown:
-        raise ValueError(f"{key}: task(s) {unknown} not allowed in {plan.stage}; expected a subset of {list(allowed)}")
-    if not any(r > 0 for r in plan.mix_ratio.values()):
-        raise ValueError(f"{key}: at least one task needs a ratio > 0")
-    if first and cfg.first_phase_steps:
-        unknown = sorted(set(cfg.first_phase_mix) - set(allowed))
-        if unknown:
-            raise ValueError(f"pretrain.first_phase_mix: task(s) {unknown} not allowed; expected a subset of "
-                             f"{list(allowed)}")
-        if not any(r > 0 for r in cfg.first_phase_mix.values()):
-            raise ValueError("pretrain.first_phase_mix: at least one task needs a ratio > 0")
-    checks = [
-        (plan.steps >= 1 or (first and params.model.uniter_checkpoint is not None),
-         "steps must be >= 1 (0 only for the first stage with model.uniter_checkpoint)"),
-        (cfg.batch_tokens > 0, "pretrain.batch_tokens must be > 0"),
-        (cfg.optim.grad_accum >= 1, "pretrain.optim.grad_accum must be >= 1"),
-        # ZeRO-3 fails in backward on this model (DeepSpeed 0.19.8: "active_backward_submodules is
-        # empty"), even with the borrowed decoder weights registered as external parameters
-        (cfg.zero_stage in (0, 1, 2), "pretrain.zero_stage must be 0, 1 or 2 (ZeRO-3 is not supported)"),
-        (cfg.world_size >= 1, "pretrain.world_size must be >= 1"),
-        # the export of a run that saved no checkpoint comes from the module itself
-        (plan.steps >= 1 or cfg.zero_stage == 0, "pretrain.steps 0 needs pretrain.zero_stage 0"),
-        (cfg.keep_checkpoints >= 1, "pretrain.keep_checkpoints must be >= 1"),
-        (cfg.log_every >= 1, "pretrain.log_every must be >= 1"),
-        (min(cfg.val_every, cfg.checkpoint_every, cfg.val_batches, cfg.num_workers) >= 0,
-         "pretrain.val_every, checkpoint_every, val_batches and num_workers must be >= 0"),
-        (0 < cfg.mask_prob < 1 and 0 <= cfg.itm_neg_prob <= 1, "pretrain.mask_prob in (0, 1), itm_neg_prob in [0, 1]"),
-        (cfg.hostfile is None or Path(cfg.hostfile).exists(), f"pretrain.hostfile {cfg.hostfile} does not exist"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
 

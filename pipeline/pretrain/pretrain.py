@@ -4,7 +4,7 @@
 by ``pretrain.datasets``) and the image DBs they name; ``pretrain_vcr`` starts from the first
 stage's export and reads the VCR text (Q→A from ``vcr_qa_<split>``, QA→R from
 ``vcr_qar_<split>``: two datasets, laid out as fine-tuning lays them out, segment types 0 / 2 / 3;
-pipeline/pretrain/vcr_views.py) with MLM + MRFR + MRC-kl, no ITM. Each writes
+pipeline/stores/vcr_views.py) with MLM + MRFR + MRC-kl, no ITM. Each writes
 
 - ``data/models/<name>/``: ``model.safetensors`` (consolidated fp32), ``model_config.json``,
   ``eval.json`` (held-out metrics before and after pretraining), ``_run.json``;
@@ -36,7 +36,7 @@ from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.params import deepspeed as deepspeed_params
 from pipeline.params.parser import Params, dump_params, to_dict
 from pipeline.pretrain.export import Trained, export
-from pipeline.pretrain.plan import StagePlan, check_params, plan_stage
+from pipeline.pretrain.plan import StagePlan, plan_stage
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import in_launched_worker, launch_workers, process_group
 from pipeline.training.task_mix import TaskSchedule
@@ -63,14 +63,13 @@ def run_vcr(params: Params) -> None:
 
 
 def _run(params: Params, plan: StagePlan) -> None:
-    check_params(params, plan)
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
         train_rank(params, plan)  # a release file is checked there, before the rank writes anything
         return
     if _from_release(params, plan):  # checked here once, so that a bad file stops before any rank starts
-        from pipeline.pretrain.inputs import open_sources
+        from pipeline.stores.text_sources import open_sources
         from pipeline.pretrain.uniter_start import uniter_start
 
         uniter_start(params, plan, *open_sources(plan.train_sources, plan.img_root))
@@ -138,7 +137,8 @@ def run_settings(params: Params, plan: StagePlan, fingerprint: Mapping[str, Any]
 
 def train_rank(params: Params, plan: StagePlan) -> None:
     """Train this rank (one of ``world_size``); rank 0 writes the metrics and the outputs."""
-    from pipeline.pretrain.inputs import held_out_batches, open_sources, train_streams
+    from pipeline.pretrain.inputs import held_out_batches, train_streams
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.engine import resolve_device, resolve_precision
 
     cfg, started = params.pretrain, time.time()
@@ -206,7 +206,7 @@ def _final_eval(trainer: Trainer, engine, val: Mapping[str, list[dict[str, Any]]
 
 
 def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs):
-    from pipeline.pretrain.model_io import build_model, model_from_export, spec_from_params
+    from pipeline.training.model_io import build_model, model_from_export, spec_from_params
 
     txt_meta = train_dbs[0].meta
     vocab = int(txt_meta["vocab_size"]) + int(txt_meta.get("obj_tags", {}).get("extra_vocab", 0))
@@ -229,7 +229,7 @@ def _build_model(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
                         seed=params.seed, itm_init_std=cfg.itm_init_std)
     region_fit = None
     if params.model.region_init == "class_names":
-        from pipeline.pretrain.region_init import init_region_projection, training_image_keys
+        from pipeline.training.region_init import init_region_projection, training_image_keys
 
         # fitted on this stage's training images only: never an eval image, even one in the same DB
         region_fit = init_region_projection(model.uniter, img_dbs, txt_meta, image_keys=training_image_keys(train_dbs),

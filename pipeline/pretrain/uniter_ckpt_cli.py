@@ -42,7 +42,7 @@ def export(model_dir: Path, out: Path, dtype: str) -> dict:
 
     from model.uniter_format import to_uniter
     from model.weights_file import UniterFormatError
-    from pipeline.pretrain.model_io import read_exported
+    from pipeline.training.model_io import read_exported
     from pipeline.training.uniter_ckpt import write_release
 
     meta, state = read_exported(model_dir)

@@ -77,7 +77,7 @@ def uniter_start(params: Params, plan: StagePlan, train_dbs: list[Any], img_dbs)
     Raises UniterFormatError (exit status 2) for a file that does not fit; nothing is written.
     """
     from model.pretraining import UniterForPretraining
-    from pipeline.pretrain.model_io import spec_from_params
+    from pipeline.training.model_io import spec_from_params
     from pipeline.training.uniter_ckpt import read_release
 
     model_cfg, cfg = params.model, params.pretrain

@@ -19,8 +19,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.decontam.cleaning_report import load_cleaning_reports, rejected_by_reason, removed_by_reason
-from pipeline.ingest.reasons import REMOVAL_REASONS
+from pipeline.common.reasons import REMOVAL_REASONS, load_cleaning_reports, rejected_by_reason, removed_by_reason
 from pipeline.report.results_cli import add_results_parser
 from pipeline.report.seed_spread import add_spread_parser
 from pipeline.report.split_size import add_split_size_parser

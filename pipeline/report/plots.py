@@ -29,7 +29,8 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from pipeline.common.progress import configure_logging
-from pipeline.common.runinfo import atomic_dir, atomic_write_bytes
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

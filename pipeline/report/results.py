@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
-from pipeline.extract.detector.files import METRICS_FILE, detector_dir
+from pipeline.common.detector_files import METRICS_FILE, detector_dir
 from pipeline.params.finetune import TASK_SPLITS
 from pipeline.params.parser import Params
 
@@ -81,7 +81,7 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         for key, entry in record["summary"].items():
             row = {"task": task, "metric": key, "label": entry["label"], "steps": record.get("steps"),
                    "split": split_kind(task, key), **{c: entry.get(c) for c in COLUMNS}}
-            row["gain_interval"] = entry.get("gain_interval")  # pipeline.finetune.paired.paired_gain
+            row["gain_interval"] = entry.get("gain_interval")  # pipeline.training.paired.paired_gain
             row["ceiling"] = ceiling(record, key)
             row["at_ceiling"] = row["scratch"] is not None and row["scratch"] > row["ceiling"] - CEILING_HEADROOM
             row["scratch_at_chance"] = (row["scratch"] is not None and row["chance"] is not None

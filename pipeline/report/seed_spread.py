@@ -15,7 +15,6 @@ mix a seed's spread with a change of recipe, so other differing params are refus
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,17 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.report.results_cli import LOCATION_KEYS, ResultsError, experiments, guarded, load_show
+from pipeline.training.paired import COLUMNS, spread, spread_cell
 
 SEED_KEY = "finetune.seed"
 DEFAULT_PREFIX = "ft-seed"  # the experiment names `make seeds` gives
-COLUMNS = ("pretrained", "scratch", "gain")
-
-
-def spread(values: list[float]) -> dict[str, float | int]:
-    """``{n, mean, sd, min, max}`` of ``values`` (sd: sample standard deviation, 0 for one value)."""
-    return {"n": len(values), "mean": round(statistics.fmean(values), 4),
-            "sd": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
 
 
 def check_only_seed_differs(exps: list[Mapping[str, Any]]) -> None:
@@ -59,13 +51,6 @@ def spread_rows(exps: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"task": task, "metric": metric, "label": entry["label"],
              **{c: spread(entry[c]) for c in COLUMNS if entry.get(c)}}
             for (task, metric), entry in values.items()]
-
-
-def spread_cell(s: Mapping[str, Any] | None, digits: int = 1) -> str:
-    """A :func:`spread` as ``mean ± sd (min..max)`` with ``digits`` decimals; ``–`` for none."""
-    if not s:
-        return "–"
-    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
 
 
 def spread_markdown(rows: list[dict[str, Any]], names: list[str]) -> str:

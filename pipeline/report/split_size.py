@@ -28,9 +28,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.finetune.paired import ITEMS_FILE, groups_for_half_width, paired_gain
-from pipeline.finetune.seed_sweep import default_out, seed_roots
-from pipeline.params.finetune import TASK_SPLITS
+from pipeline.training.paired import ITEMS_FILE, groups_for_half_width, paired_gain
+from pipeline.params.finetune import TASK_SPLITS, seed_roots, seed_sweep_dir
 from pipeline.report.results_cli import ResultsError, guarded
 
 STARTS = ("pretrained", "scratch")
@@ -98,7 +97,7 @@ def split_sizes(runs: Mapping[str, Mapping[str, Any]], metric: str, *, target: f
 def find_runs(data: Path, task: str) -> dict[str, dict[str, Any]]:
     """{label: item scores} of the run under ``data`` and of each seed of ``<data>/seeds/<task>``."""
     paths = {"the run": data / "models" / task / ITEMS_FILE}
-    for seed, root in seed_roots(default_out(data, task)).items():
+    for seed, root in seed_roots(seed_sweep_dir(data, task)).items():
         paths[f"seed {seed}"] = root / "models" / task / ITEMS_FILE
     found = {label: json.loads(p.read_text()) for label, p in paths.items() if p.is_file()}
     if not found:

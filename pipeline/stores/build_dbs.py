@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.ownership import ForeignDirectoryError, preflight
-from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_dir, atomic_write_json, remove_stale_temps
+from pipeline.common.ownership import ForeignDirectoryError, atomic_dir, preflight, remove_stale_temps
+from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_write_json
+from pipeline.params.decontaminate import PRETRAIN_DATASETS
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
-                                        encode_value)
+                                        encode_value, text_length)
 from pipeline.stores.readers import ImageDb, read_json
 from pipeline.stores.text_db_builder import (TextDbSpec, nlvr2_specs, pretrain_specs, refcoco_specs, retrieval_specs,
                                              snli_ve_specs, vqa_specs)
@@ -31,16 +32,6 @@ from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.vcr_text import vcr_specs
 
 log = logging.getLogger(__name__)
-PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
-
-
-def text_length(record: dict[str, Any]) -> int:
-    """Tokens the text side of an example occupies (question + longest answer + longest rationale)."""
-    n = len(record["input_ids"])
-    for key in ("answer_choices", "choices"):
-        if key in record:
-            n += max((len(c) for c in record[key]), default=0)
-    return n
 
 
 def write_text_db(out_dir: Path, spec: TextDbSpec, tok: WordPieceTokenizer, nbb: dict[str, dict[str, int]], *,

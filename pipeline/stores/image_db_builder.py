@@ -18,7 +18,8 @@ import numpy as np
 from safetensors import safe_open
 
 from pipeline.common.progress import track
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest, is_done, tree_digest
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord, atomic_write_json, file_digest, is_done, tree_digest
 from pipeline.stores.lmdb_store import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 
 log = logging.getLogger(__name__)

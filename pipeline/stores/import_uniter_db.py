@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.ownership import check_owned, remove_owned, write_marker
+from pipeline.common.ownership import check_owned, remove_owned, remove_stale_temps, write_marker
 from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
-from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
-from pipeline.stores.build_dbs import remove_stale_temps
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import feature_db_name, nbb_file_name
 from pipeline.stores.uniter_release.images import STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db

@@ -224,3 +224,12 @@ class LmdbWriter:
             f"about {needed} more needed (LMDB: {err}); the partial DB is discarded"
         ) from err
 
+
+def text_length(record: dict[str, Any]) -> int:
+    """Tokens the text side of an example occupies (question + longest answer + longest rationale): its
+    ``id2len`` value, as build_dbs and the UNITER-release import both write it."""
+    n = len(record["input_ids"])
+    for key in ("answer_choices", "choices"):
+        if key in record:
+            n += max((len(c) for c in record[key]), default=0)
+    return n

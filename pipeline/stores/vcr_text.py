@@ -9,13 +9,13 @@ Views (separate DBs, so neither overwrites the other):
 - ``vcr_qa_<split>``: ``input_ids`` = question, ``choices`` = 4 answers, ``label`` = answer_label
 - ``vcr_qar_<split>``: ``input_ids`` = question, ``answer_choices``, ``answer_label``,
   ``choices`` = 4 rationales, ``label`` = rationale_label (-1 where unknown, i.e. test)
-Second-stage pretraining reads the same DBs (its gold-choice views, pipeline/pretrain/vcr_views.py),
+Second-stage pretraining reads the same DBs (its gold-choice views, pipeline/stores/vcr_views.py),
 as UNITER's VCR pretraining reads its fine-tuning text DB.
 Truncation to ``max_len`` is longest-part-first over the parts a view concatenates, so every
 question+choice (+rationale) combination fits; truncated records are counted.
 
 How a model input is laid out from these parts (one formatter for both stages that read them):
-``pipeline.pretrain.vcr_views.vcr_sequence``.
+``pipeline.stores.vcr_views.vcr_sequence``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ ties together one concern per module: ``engine`` (DeepSpeed config + initialize)
 token-bucket sampler and the collate that packs text and regions), ``checkpointing`` (save / exact
 resume / consolidated export), ``launch`` (the ``deepspeed`` launcher and process groups),
 ``metrics`` (dvclive logging, running means, validation), ``loop`` (the step loop).
-Nothing here knows about UNITER's tasks: it trains any module whose ``forward(batch, task)``
-returns an object with ``loss`` and ``metrics``.
+The harness knows nothing about UNITER's tasks: it trains any module whose ``forward(batch, task)``
+returns an object with ``loss`` and ``metrics``. What both stages share about the model itself sits
+beside it: ``model_io`` (build the model from params; write and read back its exported form) and
+``region_init`` (the region projection's start fitted to the detector's class names); ``paired``
+says how far a fine-tuning gain can be trusted (its paired interval, the spread over seeds).
 """

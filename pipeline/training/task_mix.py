@@ -15,6 +15,8 @@ from typing import Mapping
 
 import numpy as np
 
+from pipeline.params.checks import weights_problem
+
 # Distinguishes this RNG stream from every other stream derived from the root seed.
 _TASK_MIX_STREAM = 0x7A5C
 STREAM_SEP = "/"  # stream names: "<task>" (datasets merged) or "<task>/<dataset>"
@@ -35,12 +37,10 @@ class _Mix:
     """Active tasks (sorted by name) and the cumulative distribution of one ``mix_ratio``."""
 
     def __init__(self, mix_ratio: Mapping[str, float], key: str) -> None:
-        bad = {t: r for t, r in mix_ratio.items() if not r >= 0}
-        if bad:
-            raise ValueError(f"{key}: ratios must be >= 0, got {bad}")
+        problem = weights_problem(mix_ratio, mix_ratio)  # the parser's rule for every ratio mapping
+        if problem:
+            raise ValueError(f"{key}: {problem}")
         self.tasks: tuple[str, ...] = tuple(sorted(t for t, r in mix_ratio.items() if r > 0))
-        if not self.tasks:
-            raise ValueError(f"{key}: at least one task needs a ratio > 0, got {dict(mix_ratio)}")
         ratios = np.array([float(mix_ratio[t]) for t in self.tasks])
         self.probs = ratios / ratios.sum()
         self.cdf = np.cumsum(self.probs)

@@ -4,7 +4,7 @@ By default the VQA and VCR test splits are labelled, as the mini world's evaluat
 them; ``world(..., test_labels=False)`` builds the real-data case, where they are not.
 
 The exports (``data/models/pretrain`` and ``pretrain_vcr``) are real ``UniterForPretraining``
-weights in the format the pretraining stages write (``pipeline.pretrain.model_io``), with the tiny
+weights in the format the pretraining stages write (``pipeline.training.model_io``), with the tiny
 preset; their values are from a seeded initialization, not a pretraining run (the pretraining
 stage has its own tests), which keeps this world fast to build. Built once per test session.
 """
@@ -40,7 +40,7 @@ def write_export(data: Path, name: str, *, seed: int) -> Path:
     from pipeline.common.runinfo import atomic_write_json
     from pipeline.stores.readers import ImageDbGroup, TextDb
     from pipeline.training.checkpointing import save_safetensors
-    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE, build_model, model_json, spec_from_params
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE, build_model, model_json, spec_from_params
 
     params = ft_params(data)
     txt = TextDb(data / "db" / "txt" / "vcr_qa_train")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.ingest.image_io import DEFAULT_MAX_PIXELS, probe_image_detail
+from pipeline.common.image_io import DEFAULT_MAX_PIXELS, probe_image_detail
 
 
 def probe_image(path: Path | str, *, full: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:

@@ -10,7 +10,6 @@
 - :mod:`extractor`: batched inference, detected and given-box modes.
 - :mod:`shards`: deterministic safetensors feature shards (docs/design.md §8).
 - :mod:`runner`: sharded, resumable extraction over CPU processes or GPUs.
-- :mod:`files`: where train_detector leaves the trained detector (no torch: the results stage reads it).
 
 Submodules import detectron2 and torch; import them where needed, not from here.
 

@@ -132,7 +132,7 @@ class RegionExtractor:
         """Regions of each image.
 
         Args:
-            images: uint8 RGB arrays [H, W, 3] (as :func:`pipeline.ingest.image_io.decode_image` gives).
+            images: uint8 RGB arrays [H, W, 3] (as :func:`pipeline.common.image_io.decode_image` gives).
             boxes: None for detected mode, or one float array [k_i, 4] (x1, y1, x2, y2 pixels)
                 per image for given-box mode (k_i may be 0).
 

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.common.runinfo import DONE_SUFFIX, atomic_write_bytes, is_done, mark_done
-from pipeline.ingest.image_io import ImageRejected, decode_image
+from pipeline.common.image_io import ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
 STOP_ENV = "PIPELINE_EXTRACT_STOP_AFTER_SHARDS"

@@ -21,7 +21,7 @@ from torch import nn
 from model.config import UniterConfig
 from model.tasks import TaskOutput
 from model.uniter import load_encoder_state
-from pipeline.finetune.paired import group_key, item_scores
+from pipeline.training.paired import group_key, item_scores
 from pipeline.finetune.tasks.rows import Regions, TaskDataset, collate_rows
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, TaskConfig, TaskSplits
 from pipeline.stores.readers import ImageDbGroup, TextDb
@@ -56,7 +56,7 @@ class EvalResult:
     """``metrics``: {split: {name: value}} (accuracies and recalls in percent); ``artifacts``: files
     to write beside the model ({file name: JSON-ready object}, e.g. VQA predictions); ``items``: the
     per-item scores of each headline metric on each scored split ({"split/metric":
-    ``pipeline.finetune.paired.item_scores``}), from which the gain's interval is drawn."""
+    ``pipeline.training.paired.item_scores``}), from which the gain's interval is drawn."""
 
     metrics: dict[str, dict[str, Any]]
     artifacts: dict[str, Any]

@@ -23,7 +23,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import UniterForRefExp
-from pipeline.finetune.paired import pooled_items
+from pipeline.training.paired import pooled_items
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches, row, text_row
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from model.config import UniterConfig
 from model.tasks import TaskOutput, UniterForRetrieval
-from pipeline.finetune.paired import group_key, item_scores
+from pipeline.training.paired import group_key, item_scores
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask
 from pipeline.finetune.tasks.retrieval_eval import (RECALL_KS, chance_recall, query_hits, recall_at_k,
                                                      streaming_topk)

@@ -21,7 +21,7 @@ from model.config import UniterConfig
 from model.tasks import UniterForVcr
 from pipeline.finetune.tasks.base import EvalResult, FinetuneTask, percent, predict, scored_items
 from pipeline.finetune.tasks.rows import TaskDataset, eval_batches, row
-from pipeline.pretrain.vcr_views import vcr_sequence
+from pipeline.stores.vcr_views import vcr_sequence
 
 NUM_CHOICES = 4
 VIEW_DB = {"qa": "vcr_qa", "qar": "vcr_qar"}

@@ -16,7 +16,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.ingest.sources.records import (MALFORMED_ROW, NON_UTF8, URL_RE, ReadContext, Reject, Row, check_url,
+from pipeline.common.source_records import (MALFORMED_ROW, NON_UTF8, URL_RE, ReadContext, Reject, Row, check_url,
                                              iter_lines)
 from pipeline.ingest.sources.web_images import resolve
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MALFORMED_ROW, NON_UTF8, Problem, ReadContext, Reject, Row, check_int, expect_list, load_json,
     missing_keys, record_has_surrogates,
 )

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MALFORMED_ROW, Problem, ReadContext, Reject, Row, check_url, jsonl_records, missing_keys,
 )
 

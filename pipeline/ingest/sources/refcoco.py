@@ -2,8 +2,8 @@
 
 The refs file is a pickled list of refs ``{ref_id, ann_id, image_id, split, sentences: [{sent_id,
 sent, tokens, raw}], category_id, ...}``. Pickles can run arbitrary code when loaded, so it is read
-with :class:`PlainUnpickler`, which builds only plain containers and scalars and refuses any
-pickle that names a class or function (:class:`UnsafePickleError` names the file and the global).
+with :func:`pipeline.common.plain_pickle.load_plain_pickle`, which builds only plain containers and
+scalars and refuses any pickle that names a class or function.
 
 One manifest row per sentence (locator ``[i].sentences[j]``); a ref without a usable
 ``sentences`` list is one rejected row (``[i]``). ``bbox`` ([x, y, w, h]) comes from the
@@ -13,16 +13,15 @@ instances annotation ``ann_id``; images are COCO images located through instance
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
+from pipeline.common.plain_pickle import load_plain_pickle
 from pipeline.ingest.sources.coco import index_by_id
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, SourceFormatError,
     bad_number, check_int, expect_list, load_json, missing_keys, record_has_surrogates, short_repr,
 )
@@ -39,45 +38,6 @@ COLUMNS = (
 IMAGES_REPEAT = True
 SPLITS = ("train", "val", "testA", "testB", "test")
 COCO_SPLIT_RE = re.compile(r"COCO_(train2014|val2014)_")
-
-
-class UnsafePickleError(pickle.UnpicklingError, SourceFormatError):
-    """A pickle that would build something other than plain data (and could run code)."""
-
-
-class PlainUnpickler(pickle.Unpickler):
-    """Unpickles only dicts, lists, tuples, sets, str, bytes, int, float, bool and None.
-
-    Those are built directly by pickle opcodes; every other object needs ``find_class`` (GLOBAL /
-    STACK_GLOBAL / extension codes) or ``persistent_load``, and both refuse. So no callable ever
-    reaches REDUCE/BUILD/INST/OBJ and nothing runs. Python 2 pickles (the real refs files) have
-    their byte strings decoded as UTF-8 with ``surrogateescape`` so bad bytes surface per record.
-    """
-
-    def __init__(self, file, *, source: str) -> None:
-        super().__init__(file, encoding="utf-8", errors="surrogateescape")
-        self.source = source
-
-    def find_class(self, module: str, name: str):
-        raise UnsafePickleError(
-            f"{self.source}: refusing to unpickle global '{module}.{name}': only plain containers and "
-            "scalars are allowed (the file may be malicious or not a refs file)"
-        )
-
-    def persistent_load(self, pid):
-        raise UnsafePickleError(f"{self.source}: refusing a persistent id in the pickle: {pid!r}"[:300])
-
-
-def load_plain_pickle(path: Path | str) -> Any:
-    """Load ``path`` with :class:`PlainUnpickler`; raises UnsafePickleError naming the file."""
-    path = Path(path)
-    data = path.read_bytes()
-    try:
-        return PlainUnpickler(io.BytesIO(data), source=str(path)).load()
-    except UnsafePickleError:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
-        raise SourceFormatError(f"{path}: not a readable pickle ({type(err).__name__}: {err})") from None
 
 
 def input_files(sources) -> dict[str, Path]:

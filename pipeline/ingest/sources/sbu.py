@@ -14,7 +14,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines,
 )
 from pipeline.ingest.sources.web_images import resolve, url_key

@@ -15,7 +15,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from pipeline.ingest.sources.flickr30k import photo_id
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MALFORMED_ROW, Problem, ReadContext, Reject, Row, jsonl_records, missing_keys,
 )
 

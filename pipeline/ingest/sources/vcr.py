@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MALFORMED_ROW, MISSING_FIELD, Problem, ReadContext, Reject, Row, SourceFormatError, jsonl_records,
     missing_keys,
 )

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from pipeline.ingest.sources.coco import index_by_id, optional_int
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     MALFORMED_ROW, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, check_int, check_url, expect_list,
     bad_number, load_json, missing_keys, record_has_surrogates, short_repr,
 )

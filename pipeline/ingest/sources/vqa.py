@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from pipeline.ingest.sources.coco import index_by_id
-from pipeline.ingest.sources.records import (
+from pipeline.common.source_records import (
     BAD_LABEL, MISSING_FIELD, NON_UTF8, Problem, ReadContext, Reject, Row, check_int, expect_list, load_json,
     missing_keys, record_has_surrogates,
 )

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.ingest.sources.records import MISSING_IMAGE, Reject, Row, SourceFormatError
+from pipeline.common.source_records import MISSING_IMAGE, Reject, Row, SourceFormatError
 
 log = logging.getLogger(__name__)
 

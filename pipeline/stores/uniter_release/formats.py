@@ -29,7 +29,7 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 
-from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.common.source_records import SourceFormatError
 
 KEYS_ENTRY = "__keys__"  # the name list the release's converter adds to every image LMDB
 IMAGE_FIELDS = ("features", "norm_bb", "conf", "soft_labels")

@@ -20,8 +20,9 @@ import lmdb
 import numpy as np
 
 from pipeline.common.progress import track
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json, file_digest
-from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord, atomic_write_json, file_digest
+from pipeline.common.source_records import SourceFormatError
 from pipeline.stores.image_db_builder import FORMAT_VERSION, PER_REGION
 from pipeline.stores.lmdb_store import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 from pipeline.stores.uniter_release.formats import (KEYS_ENTRY, EntryFormatError, decode_image_entry, feature_db_name,

@@ -21,11 +21,11 @@ import lmdb
 import numpy as np
 
 from pipeline.common.progress import track
-from pipeline.common.runinfo import RunRecord, atomic_dir, atomic_write_json
-from pipeline.ingest.sources.records import SourceFormatError
-from pipeline.stores.build_dbs import text_length
+from pipeline.common.ownership import atomic_dir
+from pipeline.common.runinfo import RunRecord, atomic_write_json
+from pipeline.common.source_records import SourceFormatError
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
-                                        encode_value)
+                                        encode_value, text_length)
 from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import EntryFormatError, decode_text_entry

@@ -89,7 +89,7 @@ class _Payload:
 
 
 def test_a_truncated_source_names_the_file(tmp_path):
-    from pipeline.ingest.sources.records import SourceFormatError, load_json
+    from pipeline.common.source_records import SourceFormatError, load_json
 
     path = tmp_path / "captions.json"
     path.write_text('{"images": [{"id"')

@@ -19,8 +19,8 @@ from typing import Callable
 
 import pytest
 
-from pipeline.common.ownership import claim_dir, remove_owned, write_marker
-from pipeline.common.runinfo import atomic_dir, atomic_write_bytes, atomic_write_json
+from pipeline.common.ownership import atomic_dir, claim_dir, remove_owned, write_marker
+from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _MUTATING = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.chmod", "os.truncate", "os.symlink", "os.link"}

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from helpers.dbs_synthetic import ROOT, built_world, params_for
-from pipeline.common.ownership import OWNER_FILE, ForeignDirectoryError, claim_dir, is_owned, remove_owned, write_marker
-from pipeline.common.runinfo import atomic_dir
+from pipeline.common.ownership import (OWNER_FILE, ForeignDirectoryError, atomic_dir, claim_dir, is_owned, remove_owned,
+                                       write_marker)
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 
@@ -138,7 +138,7 @@ def test_checkpoints_of_another_run_are_removed_only_from_a_marked_root(tmp_path
 
 
 def test_stale_temporaries_go_only_when_they_are_the_pipelines(tmp_path):
-    from pipeline.common.runinfo import remove_stale_temps
+    from pipeline.common.ownership import remove_stale_temps
 
     final = tmp_path / "db"
     ours = claim_dir(tmp_path / ".db.abc.tmp", "build_dbs")

@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.decontam import cleaning_report
-from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.reasons import REJECT_REASONS, REMOVAL_REASONS, load_cleaning_reports
 
 
 def make_report(dataset: str = "cc", removed: list[dict] | None = None) -> dict:
@@ -128,7 +128,7 @@ def test_write_cleaning_report_and_summary(tmp_path):
     assert metrics["cc_removed_near_duplicate"] == 1 and metrics["sbu_removed_images"] == 0
     assert metrics["total_rejected_rows"] == 6 and metrics["total_removed_rows"] == 10
     assert all(isinstance(v, int) and "." not in k for k, v in metrics.items())
-    assert set(cleaning_report.load_cleaning_reports(tmp_path)) == {"cc", "sbu"}
+    assert set(load_cleaning_reports(tmp_path)) == {"cc", "sbu"}
 
 
 def test_html_without_samples():

@@ -18,7 +18,9 @@ from helpers.scene_kit import DECODABLE, REJECTED
 
 from pipeline.extract.detector.runner import STOP_ENV, ExtractionInterrupted
 from pipeline.extract.detector.shards import read_shard
-from pipeline.extract.extract import GIVEN_BOX_SETS, detected_items, run
+from pipeline.extract.extract import run
+from pipeline.extract.image_sets import detected_items
+from pipeline.params.extract import GIVEN_BOX_SETS
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

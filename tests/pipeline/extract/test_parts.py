@@ -16,7 +16,8 @@ import pytest
 from helpers.extract_world import copy_manifests, feature_files, params_for, write_world
 
 from pipeline.extract.detector.runner import plan_shards
-from pipeline.extract.extract import make_settings, run, select
+from pipeline.extract.extract import run
+from pipeline.extract.image_sets import make_settings, select
 from pipeline.extract.parts import PART_FILE, Part, part_dir, part_of, shard_range, split_item
 from pipeline.stores.image_db_builder import build_image_db
 

@@ -16,7 +16,7 @@ from pipeline.extract.detector.build import load_detector
 from pipeline.extract.detector.extractor import RegionExtractor, Regions
 from pipeline.extract.train_detector import (SceneImage, box_iou, class_table, load_scenes, refcoco_eval_images,
                                              run, score_regions)
-from pipeline.ingest.image_io import decode_image
+from pipeline.common.image_io import decode_image
 from pipeline.params.parser import load_params
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)

@@ -61,7 +61,7 @@ def test_each_task_trains_evaluates_and_writes_its_outputs(data, finished, task)
         assert entry["chance"] == record["chance"][key]
         assert f"{splits.dev[0]}/{name}" in record["chance"]  # chance on dev too
         assert 0.0 <= entry["pretrained"] <= 100.0
-    # the per-item scores of every summary metric average to the reported score (pipeline.finetune.paired)
+    # the per-item scores of every summary metric average to the reported score (pipeline.training.paired)
     items = json.loads((out / "item_scores.json").read_text())
     assert set(items) == {"pretrained"} and set(record["summary"]) <= set(items["pretrained"])
     assert {k.partition("/")[0] for k in items["pretrained"]} >= set(splits.dev)  # dev too: splits are sized there
@@ -286,8 +286,8 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
     from pipeline.finetune.runner import RunPlan, build_model
     from pipeline.pretrain.plan import plan_stage
     from pipeline.pretrain.pretrain import _build_model
-    from pipeline.pretrain.inputs import open_sources
-    from pipeline.pretrain.model_io import read_exported
+    from pipeline.stores.text_sources import open_sources
+    from pipeline.training.model_io import read_exported
 
     params = ft_params(data, "model.region_init=class_names", "model.region_init_images=5")
     pretraining = plan_stage(params, "pretrain")

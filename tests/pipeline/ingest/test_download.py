@@ -21,7 +21,7 @@ from pipeline.ingest.download import RUN_FILE, URL_LIST, run
 from pipeline.ingest.ingest import ingest_dataset
 from pipeline.params.parser import load_params, load_raw
 from helpers.mini_world import small_config
-from pipeline.ingest.sources.records import URL_RE
+from pipeline.common.source_records import URL_RE
 from pipeline.mini_world import generate
 from pipeline.mini_world.shards import SHARD_SCHEMA
 

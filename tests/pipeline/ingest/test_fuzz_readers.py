@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from helpers.source_fixtures import FIXTURES, fixture_overrides
 from pipeline.ingest.ingest import ingest_dataset
-from pipeline.ingest.sources.records import REASONS, SourceFormatError
+from pipeline.common.source_records import REASONS, SourceFormatError
 from pipeline.params.parser import load_params
 
 REPO = Path(__file__).resolve().parents[3]

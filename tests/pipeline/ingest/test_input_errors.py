@@ -22,7 +22,7 @@ from model.weights_file import UnsafeCheckpointError
 from pipeline.common.runinfo import RunRecord
 from pipeline.extract.detector.checkpoint import read_state
 from pipeline.ingest.manifest import ParquetStreamWriter, manifest_schema
-from pipeline.ingest.sources.records import (MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records,
+from pipeline.common.source_records import (MALFORMED_ROW, ReadContext, Reject, SourceFormatError, jsonl_records,
                                              load_json)
 from helpers.stores import write_lmdb
 from pipeline.stores.lmdb_store import DiskFullError

@@ -84,14 +84,16 @@ def _pre_work_checks(params) -> None:
     from pipeline.pretrain import plan as pretrain
     from pipeline.extract.detector.selection import num_kept
     from pipeline.decontam.phash import near_duplicate_pairs
-    from pipeline.extract.extract import targets
+    from pipeline.extract.image_sets import targets
     from pipeline.training.engine import EngineSettings, deepspeed_config, warmup_linear_decay
+    from pipeline.training.task_mix import TaskSchedule
 
     for stage in ("pretrain", "pretrain_masking", "pretrain_vcr"):
         plan = pretrain.plan_stage(params, stage)
-        pretrain.check_params(params, plan)
+        TaskSchedule(plan.mix_ratio, seed=params.seed, first_phase_mix=plan.first_phase_mix,
+                     first_phase_steps=plan.first_phase_steps)
         warmup_linear_decay(plan.warmup_steps, plan.steps)(plan.steps - 1)
-    finetune.check_params(params, list(params.finetune.tasks))
+    finetune.check_tasks(params, list(params.finetune.tasks))
     targets(params, None)
     cfg, ex = params.pretrain, params.extract
     num_kept(torch.rand(50), conf_th=ex.conf_th, min_boxes=ex.min_boxes, max_boxes=ex.max_boxes)

@@ -220,14 +220,14 @@ def test_paths_that_are_paths_may_point_anywhere(tmp_path):
 
 
 def test_the_task_lists_match_the_modules_that_use_them():
-    """The config keeps its own copies of the task names (it must not import torch): they agree."""
+    """The model keeps its own copy of the pretraining task names (it imports nothing of pipeline/, and
+    the config must not import torch): they agree."""
     from model.pretraining import PRETRAIN_TASKS
-    from pipeline.pretrain import plan as pretrain
     from pipeline.params import pretrain as cfg
     from pipeline.finetune.tasks import TASK_CLASSES
 
-    assert cfg.FIRST_STAGE_TASKS == pretrain.FIRST_STAGE_TASKS == PRETRAIN_TASKS
-    assert cfg.VCR_TASKS == pretrain.VCR_TASKS
+    assert cfg.FIRST_STAGE_TASKS == PRETRAIN_TASKS
+    assert set(cfg.VCR_TASKS) < set(PRETRAIN_TASKS)
     from pipeline.params.finetune import TASKS
 
     assert set(TASKS) == set(TASK_CLASSES)

@@ -49,10 +49,11 @@ def first_stage(data) -> Path:
 
 def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
     from pipeline.pretrain.plan import plan_stage
-    from pipeline.pretrain.inputs import held_out_batches, open_sources
+    from pipeline.pretrain.inputs import held_out_batches
+    from pipeline.stores.text_sources import open_sources
     from pipeline.training.engine import autocast_forward, resolve_precision
     from pipeline.training.metrics import evaluate
-    from pipeline.pretrain.model_io import model_from_export
+    from pipeline.training.model_io import model_from_export
     from pipeline.training.task_mix import TaskSchedule
 
     params = params_for(data, *FAST, "pretrain.steps=16")
@@ -106,7 +107,7 @@ def test_first_stage_learns_exports_and_cleans_up(data, first_stage):
 def test_vcr_stage_starts_from_the_first_and_uses_both_views(data, first_stage):
     from pipeline.pretrain.pretrain import run_vcr
     from pipeline.stores.readers import TextDb
-    from pipeline.pretrain.vcr_views import GoldAnswerView, GoldRationaleView
+    from pipeline.stores.vcr_views import GoldAnswerView, GoldRationaleView
 
     run_vcr(params_for(data, *FAST, "pretrain.vcr.steps=6", "pretrain.val_every=0", "pretrain.checkpoint_every=0"))
     out = data / "models" / "pretrain_vcr"

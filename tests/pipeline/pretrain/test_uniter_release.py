@@ -171,7 +171,7 @@ def test_a_changed_file_is_refused_against_its_pin(data, capsys):
 
 def test_export_refuses_a_fine_tuned_model_and_writes_nothing(data, capsys, tmp_path):
     from pipeline.pretrain.uniter_ckpt_cli import main
-    from pipeline.pretrain.model_io import CONFIG_FILE, MODEL_FILE
+    from pipeline.training.model_io import CONFIG_FILE, MODEL_FILE
 
     task_dir = tmp_path / "vqa"
     task_dir.mkdir()

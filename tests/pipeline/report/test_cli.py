@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.ingest.reasons import REJECT_REASONS, REMOVAL_REASONS
+from pipeline.common.reasons import REJECT_REASONS, REMOVAL_REASONS
 from pipeline.report import cli as report_cli
 
 REPO = Path(__file__).resolve().parents[3]

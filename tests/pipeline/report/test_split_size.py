@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from pipeline.finetune.paired import groups_for_half_width, paired_gain
+from pipeline.training.paired import groups_for_half_width, paired_gain
 from pipeline.mini_world.coco import categories
 from pipeline.mini_world.refcoco import TEST_A_SHAPES
 from pipeline.report.cli import main

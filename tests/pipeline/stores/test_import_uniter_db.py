@@ -25,7 +25,7 @@ import pytest
 
 from helpers.dbs_synthetic import ROOT, params_for
 from pipeline.common.locking import stage_keys
-from pipeline.ingest.sources.records import SourceFormatError
+from pipeline.common.source_records import SourceFormatError
 from pipeline.pretrain.datasets import PretrainDataset
 from pipeline.stores.import_uniter_db import run
 from pipeline.stores.readers import ImageDb, ImageDbGroup, TextDb

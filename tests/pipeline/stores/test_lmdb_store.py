@@ -9,8 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from pipeline.common.ownership import OWNER_FILE
-from pipeline.common.runinfo import atomic_dir
+from pipeline.common.ownership import OWNER_FILE, atomic_dir
 from helpers.stores import write_lmdb
 from pipeline.stores.lmdb_store import LmdbWriter, decode_value, encode_value
 from pipeline.stores.readers import LmdbReader

@@ -1,7 +1,7 @@
 """Segment types and [SEP] layout as the tasks feed them, on the real DBs of the synthetic world.
 
 VCR: the second pretraining stage and fine-tuning lay out the same text identically (one
-formatter, ``pipeline.pretrain.vcr_views.vcr_sequence``): the gold choice's fine-tuning row is,
+formatter, ``pipeline.stores.vcr_views.vcr_sequence``): the gold choice's fine-tuning row is,
 token for token and type for type, the second stage's example, ``[CLS] q [SEP] a [SEP] (r [SEP])``
 with types 0 / 2 / 3 as the reference's data/vcr.py gives them. NLVR2: the left image's regions type 1, the right image's 2.
 """
@@ -15,7 +15,7 @@ from helpers.finetune_world import budget, ft_params, world
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import TaskContext
 from pipeline.pretrain.datasets import PretrainDataset
-from pipeline.pretrain.inputs import TextSource, open_sources
+from pipeline.stores.text_sources import TextSource, open_sources
 
 pytestmark = pytest.mark.stage  # runs a pipeline stage or trains a model (not in `make test-unit`)
 

@@ -102,18 +102,3 @@ def test_flickr30k(fixture_params):
     assert manifest.split.tolist() == ["train", "val", "train"]
     assert manifest.url.isna().all() and manifest.text[2] == "A man in an orange hat."
     assert (result.rows_in, result.manifest_rows, result.rejected) == (14, 3, 11)
-
-
-def test_coco_image_info_test(fixture_params, caplog):
-    """image_info_test2015.json (no captions, no flickr_url): the test images' URLs for decontamination;
-    entries without a usable coco_url are skipped and named."""
-    from pipeline.ingest.sources.coco import read_image_info
-
-    table = read_image_info(fixture_params.sources.coco.image_info_test)
-    assert table.column_names == ["image_source", "image_id", "url", "flickr_url"]
-    assert table.column("image_id").to_pylist() == ["30", "31"]
-    assert set(table.column("image_source").to_pylist()) == {"coco"}
-    assert table.column("url").to_pylist()[0] == "http://images.cocodataset.org/test2015/COCO_test2015_000000000030.jpg"
-    assert table.column("flickr_url").null_count == 2
-    assert "2 image entries skipped" in caplog.text and "images[2]: missing_field: missing coco_url" in caplog.text
-    assert "images[3]: bad_url" in caplog.text

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.ingest.ingest import ingest_dataset
-from pipeline.ingest.sources.refcoco import UnsafePickleError, load_plain_pickle
+from pipeline.common.plain_pickle import UnsafePickleError, load_plain_pickle
 from pipeline.params.parser import load_params
 from helpers.source_fixtures import FIXTURES, REPO, fates, fixture_overrides, ingest
 

@@ -131,7 +131,7 @@ def test_a_bad_vcr_test_label_line_is_counted_and_named_and_the_rest_is_ingested
 
 
 def test_a_vcr_test_label_given_twice_names_both_lines(tmp_path):
-    from pipeline.ingest.sources.records import SourceFormatError
+    from pipeline.common.source_records import SourceFormatError
 
     bad = tmp_path / "labels.jsonl"
     bad.write_text('{"annot_id": "test-0", "answer_label": 1, "rationale_label": 1}\n'

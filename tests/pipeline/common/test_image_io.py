@@ -1,4 +1,4 @@
-"""pipeline.ingest.image_io on images each test writes: every mode, EXIF, and every kind of broken file."""
+"""pipeline.common.image_io on images each test writes: every mode, EXIF, and every kind of broken file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from helpers.images import probe_image
-from pipeline.ingest.image_io import ImageRejected, decode_image, probe_image_detail
+from pipeline.common.image_io import ImageRejected, decode_image, probe_image_detail
 
 
 def _noise_jpeg(path: Path, size=(64, 48), quality=90) -> Path:

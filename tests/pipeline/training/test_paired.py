@@ -1,4 +1,4 @@
-"""The paired cluster-bootstrap interval of a gain (pipeline.finetune.paired), checked against the
+"""The paired cluster-bootstrap interval of a gain (pipeline.training.paired), checked against the
 delta-method standard error of a ratio of group sums and against its coverage in simulation."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.finetune.paired import group_key, groups_for_half_width, item_scores, paired_gain, pooled_items
+from pipeline.training.paired import group_key, groups_for_half_width, item_scores, paired_gain, pooled_items
 
 
 def two_starts(rng: np.random.Generator, sizes: list[int], *, p_scratch: float, gain: float,

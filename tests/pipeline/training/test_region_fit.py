@@ -1,4 +1,4 @@
-"""pipeline/pretrain/region_init.py on build_dbs' synthetic world: which regions the fit reads,
+"""pipeline/training/region_init.py on build_dbs' synthetic world: which regions the fit reads,
 that it lands in the model, and that disagreeing or missing class names are refused."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def data(tmp_path_factory) -> Path:
 
 def _group(data: Path):
     from pipeline.stores.readers import ImageDbGroup, TextDb
-    from pipeline.pretrain.region_init import training_image_keys
+    from pipeline.training.region_init import training_image_keys
 
     txt = TextDb(data / "db/txt/pretrain_indomain_train")
     return ImageDbGroup(data / "db/img", txt.img_db_names), txt.meta, training_image_keys([txt])
@@ -30,7 +30,7 @@ def _group(data: Path):
 
 def test_sample_reads_every_region_of_the_drawn_training_images_only(data):
     from pipeline.stores.readers import TextDb
-    from pipeline.pretrain.region_init import sample_regions
+    from pipeline.training.region_init import sample_regions
 
     group, _, keys = _group(data)
     # the image DBs hold more than the pretraining training images (eval and val images too)
@@ -51,7 +51,7 @@ def test_fit_is_written_into_the_region_projection(data, norm):
     from model.region_init import class_name_embeddings, class_name_projection
     from model.uniter import FEATURE_STD_EPS, UniterConfig, UniterModel
     from pipeline.stores.tokenization import WordPieceTokenizer
-    from pipeline.pretrain.region_init import init_region_projection, sample_regions, shared_class_names
+    from pipeline.training.region_init import init_region_projection, sample_regions, shared_class_names
 
     group, meta, keys = _group(data)
     config = UniterConfig.from_preset("tiny", vocab_size=int(meta["vocab_size"]), region_feature_norm=norm)
@@ -73,7 +73,7 @@ def test_class_names_must_exist_and_agree(data, tmp_path):
     import shutil
 
     from pipeline.stores.readers import ImageDbGroup
-    from pipeline.pretrain.region_init import shared_class_names
+    from pipeline.training.region_init import shared_class_names
 
     root = tmp_path / "img"
     for name in ("coco", "vg"):

@@ -1,4 +1,5 @@
-"""How far the gain of one start over the other can be trusted: a paired cluster-bootstrap interval.
+"""How far the gain of one start over the other can be trusted: a paired cluster-bootstrap interval
+(and, over fine-tuning seeds, the spread of the scores: :func:`spread`).
 
 Both starts of a task are scored on the same test items, so the gain is a paired difference. Items
 are not independent: the questions of one image, the statements of one NLVR2 pair and the
@@ -18,6 +19,7 @@ per-question accuracy; retrieval: whether the query's top-1 is right; the rest: 
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -106,3 +108,21 @@ def _paired_differences(pretrained: Mapping[str, list], scratch: Mapping[str, li
         diff.append(float(score) - float(other_score))
         groups.append(group)
     return np.asarray(diff, dtype=np.float64), groups
+
+
+# the per-start scores and their gain, over fine-tuning seeds (``python -m pipeline seeds``, ``report spread``)
+COLUMNS = ("pretrained", "scratch", "gain")
+
+
+def spread(values: list[float]) -> dict[str, float | int]:
+    """``{n, mean, sd, min, max}`` of ``values`` (sd: sample standard deviation, 0 for one value)."""
+    return {"n": len(values), "mean": round(statistics.fmean(values), 4),
+            "sd": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def spread_cell(s: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """A :func:`spread` as ``mean ± sd (min..max)`` with ``digits`` decimals; ``–`` for none."""
+    if not s:
+        return "–"
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
