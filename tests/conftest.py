@@ -16,3 +16,20 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: the order within each group is kept
+
+
+@pytest.fixture(autouse=True)
+def _torch_load_mode_restored():
+    """``python -m pipeline``'s entry forces weights-only ``torch.load`` through the environment
+    (model/weights_file.py); a test that calls ``main()`` in process must not leave it set for the
+    next test in the same worker (whose unsafe-load controls would then be made safe)."""
+    import os
+
+    names = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    saved = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -39,12 +39,10 @@ from pipeline.decontam.matching import (REASONS, ImageMatch, NearDuplicateFinder
                                         row_image_keys)
 from pipeline.decontam.phash import PhashCache
 from pipeline.common.reasons import REJECT_REASONS
+from pipeline.decontam.splits import pretrain_split
 from pipeline.decontam.streamed import count_rejects, decontaminate_file
 
 log = logging.getLogger(__name__)
-
-# manifest split -> pretraining split; Karpathy test only survives when it is not an eval split
-SPLIT_MAP = {"train": "train", "restval": "train", "val": "val", "test": "val"}
 
 
 @dataclass
@@ -56,23 +54,6 @@ class DatasetResult:
     report: dict
     samples: list[dict]
     clean_path: Path | None = None
-
-
-def pretrain_split(table: pa.Table, dataset: str, *, val_coco_ids: set[str] | None) -> pa.Array:
-    """The ``split`` column of a clean manifest: train|val (SPLIT_MAP; VG rows of COCO-val images -> val)."""
-    splits = table.column("split").combine_chunks()
-    unknown = sorted(set(pc.unique(splits).to_pylist()) - set(SPLIT_MAP))
-    if unknown:
-        raise ValueError(f"manifest {dataset}: split values {unknown} not in {sorted(SPLIT_MAP)}")
-    mapped = splits
-    for old, new in SPLIT_MAP.items():
-        if old != new:
-            mapped = pc.if_else(pc.equal(mapped, old), new, mapped)
-    if val_coco_ids is not None and "coco_id" in table.column_names:
-        is_val = pc.fill_null(pc.is_in(table.column("coco_id").cast(pa.string()),
-                                       value_set=pa.array(sorted(val_coco_ids), pa.string())), False)
-        mapped = pc.if_else(is_val, "val", mapped)
-    return mapped.cast(splits.type)
 
 
 def decontaminate_dataset(

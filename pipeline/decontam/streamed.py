@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from pipeline.decontam.arrow_sort import sort_indices
 from pipeline.decontam.eval_set import IMAGE_COLUMNS, KEY_SEP, EvalIndex, image_key_array, string_columns
+from pipeline.decontam.splits import pretrain_split
 from pipeline.decontam.matching import ImageMatch, NearDuplicateFinder, find_key_matches, image_paths
 
 BATCH_ROWS = 1 << 20  # rows read, matched and sorted at once: the memory bound
@@ -195,7 +196,6 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
     :data:`BATCH_ROWS`) bounds the rows held at once.
     """
     batch_rows = batch_rows or BATCH_ROWS
-    from pipeline.decontam.decontaminate import pretrain_split  # the one split rule, shared
 
     pf = pq.ParquetFile(manifest)
     prefix = _prefix(pf)

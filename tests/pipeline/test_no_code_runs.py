@@ -25,7 +25,7 @@ import torch
 from model.bert_init import read_bert_state
 from model.weights_file import UnsafeCheckpointError
 from pipeline.extract.detector.checkpoint import CheckpointError, read_state
-from pipeline.ingest.sources.refcoco import UnsafePickleError, load_plain_pickle
+from pipeline.common.plain_pickle import UnsafePickleError, load_plain_pickle
 from pipeline.stores.lmdb_store import encode_value
 from pipeline.stores.readers import LmdbReader
 from pipeline.stores.uniter_release.formats import UnsafeEntryError, decode_image_entry, decode_text_entry
