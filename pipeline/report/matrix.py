@@ -41,6 +41,7 @@ UPSTREAM_STAGES = ("mini_world", "ingest", "decontaminate", "train_detector", "e
 CELL_STAGES = ("pretrain", "pretrain_vcr", "finetune", "results")
 ABLATION_STAGES = ("pretrain_masking", "ablations")  # ablations/dvc.yaml, with --ablation
 SHARED = {"models", "reports", "metrics"}  # data/ folders a cell also writes into: linked entry by entry
+UNSHARED = {"checkpoints", "cache"}  # working folders (checkpoints, stage locks, scratch): each root its own
 MARKERS = ".matrix"
 
 
@@ -64,7 +65,7 @@ def link_upstream(upstream_data: Path, cell_data: Path) -> None:
     real folders whose entries are links)."""
     cell_data.mkdir(parents=True, exist_ok=True)
     for entry in sorted(upstream_data.iterdir()):
-        if entry.name.startswith(".") or entry.name == "checkpoints":
+        if entry.name.startswith(".") or entry.name in UNSHARED:
             continue
         if entry.name in SHARED and entry.is_dir():
             link_upstream(entry, cell_data / entry.name)

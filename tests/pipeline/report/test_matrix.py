@@ -20,7 +20,7 @@ def test_the_matrix_runs_stages_of_the_graph_and_splits_it_where_pretraining_beg
 def test_a_cell_links_the_upstream_outputs_and_writes_its_own(tmp_path):
     up = tmp_path / "upstream" / "data"
     for rel in ("db/txt/x", "raw/mini/planted.json", "models/detector/model.pth", "reports/cleaning/coco.json",
-                "checkpoints/old"):
+                "checkpoints/old", "cache/locks/pretrain.lock"):
         (up / rel).parent.mkdir(parents=True, exist_ok=True)
         (up / rel).write_text(rel)
     cell = tmp_path / "cell" / "data"
@@ -29,6 +29,7 @@ def test_a_cell_links_the_upstream_outputs_and_writes_its_own(tmp_path):
     assert (cell / "db").is_symlink() and (cell / "raw/mini/planted.json").read_text() == "raw/mini/planted.json"
     assert not (cell / "models").is_symlink() and (cell / "models/detector").is_symlink()
     assert not (cell / "reports").is_symlink() and not (cell / "checkpoints").exists()
+    assert not (cell / "cache").exists()  # stage locks stay each root's own
     (cell / "models" / "pretrain").mkdir()  # the cell's own output stays out of upstream
     assert not (up / "models" / "pretrain").exists()
 
