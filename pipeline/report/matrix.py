@@ -16,7 +16,8 @@ a cell); ``cells/<cell>/`` holds a params file and a ``data/`` whose upstream en
 and threads (the fine-tuning seed stays the upstream root seed: only pretraining is redrawn). With
 ``--rerun`` the first cell runs twice and its ``rerun_identical`` verdict compares the two. A stage
 whose marker ``.matrix/<stage>.done`` exists is not run again, so a long matrix resumes. Writes
-``matrix.json`` and ``matrix.md``; exit status 1 when any verdict fails in any cell.
+``matrix.json`` and ``matrix.md`` (again after each cell; ``--no-run`` only tabulates the cells that
+have run); exit status 1 when any verdict fails in any cell.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
     upstream = out / "upstream"
     upstream.mkdir(parents=True, exist_ok=True)
     (upstream / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    say(f"upstream: {', '.join(UPSTREAM_STAGES)} in {upstream}")
-    run_stages(upstream, UPSTREAM_STAGES, [], threads=None, say=say)
+    if not args.no_run:
+        say(f"upstream: {', '.join(UPSTREAM_STAGES)} in {upstream}")
+        run_stages(upstream, UPSTREAM_STAGES, [], threads=None, say=say)
     finetune_seed = raw["finetune"].get("seed") or raw["seed"]
     cells: dict[str, Any] = {}
     stages = CELL_STAGES + (ABLATION_STAGES if args.ablation else ())
@@ -196,7 +198,11 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
         cell_overrides = [f"seed={seed}", f"finetune.seed={finetune_seed}", f"pretrain.precision={precision}",
                           f"finetune.precision={precision}"]
         runs = [out / "cells" / name] + ([out / "cells" / f"{name}-rerun"] if args.rerun and i == 0 else [])
-        for root in runs:
+        if args.no_run:  # tabulate what has run: only cells (and reruns) whose every stage is done
+            runs = [r for r in runs if all((r / MARKERS / f"{st}.done").exists() for st in stages)]
+            if not runs or (args.rerun and i == 0 and len(runs) < 2):
+                continue
+        for root in [] if args.no_run else runs:
             root.mkdir(parents=True, exist_ok=True)
             (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
             link_upstream(upstream / "data", root / "data")
@@ -204,8 +210,15 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
         verdicts = evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None)
         cells[name] = cell_record(runs[0] / "data", verdicts)
         say(f"  {name}: {sum(v.passed is True for v in verdicts)} pass, {len(failed(verdicts))} fail")
-    record = {**rig_stamp(), "overrides": overrides, "seeds": args.seeds, "precisions": args.precisions,
-              "threads": args.threads, "finetune_seed": finetune_seed, "cells": cells}
+        write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
+                     threads=args.threads, finetune_seed=finetune_seed)  # after each cell: a long run shows progress
+    return write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
+                        threads=args.threads, finetune_seed=finetune_seed)
+
+
+def write_tables(out: Path, cells: Mapping[str, Any], **setting: Any) -> dict[str, Any]:
+    """``matrix.json`` and ``matrix.md`` of the cells so far; returns the record."""
+    record = {**rig_stamp(), **setting, "cells": dict(cells)}
     (out / "matrix.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     (out / "matrix.md").write_text(matrix_markdown(cells))
     return record
@@ -235,4 +248,5 @@ def add_matrix_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads (default: 1 2)")
     p.add_argument("--rerun", action="store_true", help="run the first cell twice: byte-identical outputs")
     p.add_argument("--ablation", action="store_true", help="also the masking ablation (ablations/dvc.yaml) per cell")
+    p.add_argument("--no-run", action="store_true", help="run nothing: tabulate the cells whose stages are all done")
     p.set_defaults(func=show_matrix)

@@ -81,3 +81,25 @@ def test_params_the_schema_refuses_are_refused_before_any_run():
     repo = Path(__file__).resolve().parents[3]
     with pytest.raises(ParamsError, match="first_phase_steps"):
         matrix.matrix_params(repo / "params.yaml", ["pretrain.steps=20"])
+
+
+def test_no_run_tabulates_only_the_cells_whose_stages_are_done(tmp_path):
+    from pipeline.report.cli import build_parser
+
+    out = tmp_path / "m"
+    for name, stages in (("seed1-fp32-t1", matrix.CELL_STAGES), ("seed2-fp32-t1", matrix.CELL_STAGES[:2])):
+        marks = out / "cells" / name / matrix.MARKERS
+        marks.mkdir(parents=True)
+        for stage in stages:
+            (marks / f"{stage}.done").write_text("")
+        results = out / "cells" / name / "data" / "reports" / "results.json"
+        results.parent.mkdir(parents=True)
+        results.write_text(json.dumps({"tasks": [], "rows": [], "meta_sum": {}}))
+    repo = Path(__file__).resolve().parents[3]
+    args = build_parser().parse_args(["matrix", "--out", str(out), "--params", str(repo / "params.yaml"),
+                                      "--seeds", "1", "2", "--precisions", "fp32", "--threads", "1", "--no-run"])
+    record = matrix.run_matrix(args, say=lambda *_: None)
+    assert list(record["cells"]) == ["seed1-fp32-t1"]  # seed 2 has not run fine-tuning yet
+    md = (out / "matrix.md").read_text()
+    assert "seed1-fp32-t1" in md and "seed2" not in md and "| task_beats_chance | fine-tuning |" not in md
+    assert not (out / "upstream" / matrix.MARKERS).exists()  # nothing ran
