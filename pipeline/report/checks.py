@@ -278,7 +278,8 @@ def show_checks(args: Any, console: Any) -> int:
     table = Table(title=f"Demo checks on {data} (mini world v{stamp['mini_world_version']}, "
                         f"checks v{stamp['checks_version']})", box=box.SIMPLE_HEAD)
     for column in ("check", "subject", "value", "margin", "verdict", "detail"):
-        table.add_column(column, justify="right" if column == "value" else "left", overflow="fold")
+        table.add_column(column, justify="right" if column == "value" else "left", overflow="fold",
+                         no_wrap=column in ("check", "verdict"))
     for v in verdicts:
         table.add_row(v.check, v.subject, "–" if v.value is None else str(v.value), v.margin,
                       verdict_mark(v.passed), v.detail)
