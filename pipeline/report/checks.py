@@ -34,7 +34,7 @@ MODEL_FILE = "model.safetensors"
 PLANTED_FILE = Path("raw") / "mini" / "planted.json"  # the generator's ground truth, below the data dir
 # what two runs of a stage may differ in: run records (wall times) and the measured throughput series
 WALL_CLOCK = "tokens_per_s"
-RERUN_SKIP = ("checkpoints", ".locks")  # working directories, not outputs
+RERUN_SKIP = ("checkpoints", "cache")  # working folders (checkpoints, stage locks, scratch), not outputs
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ def test_a_rerun_must_match_every_output_but_run_records_and_wall_clock_series(d
     _write(rerun / "models" / "pretrain" / "_run.json", {"stage": "pretrain", "wall_time_s": 9})
     (rerun / "checkpoints").mkdir()
     (rerun / "checkpoints" / "x").write_text("a working file")
+    (rerun / "cache" / "locks").mkdir(parents=True)  # stage locks
+    (rerun / "cache" / "locks" / "pretrain.lock").write_text("")
     same = [v for v in checks.evaluate(data, rerun=rerun) if v.check == "rerun_identical"]
     assert [v.passed for v in same] == [True]
     _write(rerun / "reports" / "results.json", {**RESULTS, "tasks": ["vqa"]})
