@@ -8,10 +8,10 @@ dev splits or pretraining held-out metrics, never on a test-split result); eithe
 
 Each check reads the outputs of one data directory (``data/`` or a side root) and returns
 :class:`Verdict` rows: ``value`` against ``margin``, ``passed`` True/False, or None where the check
-does not apply (its inputs absent: a real-data run has no planted overlaps; without a second run
-there is no rerun to compare). ``python -m pipeline report checks`` prints them and exits 1 when any
-fails; the demo tests (tests/e2e/test_dvc_repro.py) and the matrix (``report matrix``) call
-:func:`evaluate`.
+does not apply (a real-data run has no planted overlaps; without a second run there is no rerun to
+compare); a missing output every run writes (eval.json, results.json) fails its checks.
+``python -m pipeline report checks`` prints them and exits 1 when any fails; the demo tests
+(tests/e2e/test_dvc_repro.py) and the matrix (``report matrix``) call :func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def _na(check: str, subject: str, margin: str, why: str) -> list[Verdict]:
     return [Verdict(check, subject, None, margin, None, why)]
 
 
+def _missing(check: str, subject: str, margin: str, what: str) -> list[Verdict]:
+    """An output every run writes is missing: the check fails (the graph did not run, or not to the end)."""
+    return [Verdict(check, subject, None, margin, False, f"missing {what}: run `dvc repro` first")]
+
+
 # ---------------------------------------------------------------------------------------------
 # pretraining: held-out metrics of data/models/<out_name>/eval.json
 
@@ -69,7 +74,7 @@ def mlm_uses_image(report: Mapping[str, Any] | None) -> list[Verdict]:
     model before pretraining + MLM_MARGIN."""
     margin = f">= +{MLM_MARGIN:g}"
     if report is None:
-        return _na("mlm_uses_image", "pretraining", margin, "no eval.json")
+        return _missing("mlm_uses_image", "pretraining", margin, "eval.json")
     with_image = report["pretrained"]["mlm"]["mlm_acc"]
     out = []
     for other, subject in (("pretrained_text_only", "MLM acc, with vs without the image"),
@@ -85,7 +90,7 @@ def itm_beats_majority(report: Mapping[str, Any] | None) -> list[Verdict]:
     """Held-out ITM accuracy >= the majority-class rate of the held-out pairs + ITM_MARGIN."""
     margin = f">= +{ITM_MARGIN:g}"
     if report is None:
-        return _na("itm_beats_majority", "pretraining", margin, "no eval.json")
+        return _missing("itm_beats_majority", "pretraining", margin, "eval.json")
     held = report["held_out"]["itm"]
     majority = max(held["matched"], held["examples"] - held["matched"]) / held["examples"]
     acc = report["pretrained"]["itm"]["itm_acc"]
@@ -102,7 +107,7 @@ def tasks_beat_chance(results: Mapping[str, Any] | None) -> list[Verdict]:
     """Every results row: the pretrained start's score >= chance + CHANCE_MARGIN points."""
     margin = f">= +{CHANCE_MARGIN:g} points"
     if results is None:
-        return _na("task_beats_chance", "fine-tuning", margin, "no reports/results.json")
+        return _missing("task_beats_chance", "fine-tuning", margin, "reports/results.json")
     out = []
     for r in results["rows"]:
         if r.get("pretrained") is None or r.get("chance") is None:
@@ -129,7 +134,7 @@ def start_is_the_export(data: Path, tasks: list[str]) -> list[Verdict]:
     ``input_digests.init``, the sha256 of ``model.safetensors``) is the one the export holds now."""
     margin = "same sha256"
     if not tasks:
-        return _na("start_is_the_export", "fine-tuning", margin, "no task")
+        return _missing("start_is_the_export", "fine-tuning", margin, "reports/results.json's tasks")
     out = []
     for task in tasks:
         model_dir = data / "models" / task

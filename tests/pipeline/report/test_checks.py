@@ -145,3 +145,10 @@ def test_the_markdown_names_the_rig_and_each_verdict(data):
     md = checks.checks_markdown(checks.evaluate(data), "data")
     assert f"mini world v{checks.rig_stamp()['mini_world_version']}" in md
     assert "| itm_beats_majority | ITM acc over the majority rate | 0.06 | >= +0.05 | pass |" in md
+
+
+def test_a_data_directory_without_the_runs_outputs_fails_rather_than_passing_nothing(tmp_path):
+    verdicts = checks.evaluate(tmp_path)
+    assert {v.check for v in checks.failed(verdicts)} == {"mlm_uses_image", "itm_beats_majority", "task_beats_chance",
+                                                         "start_is_the_export"}
+    assert all("dvc repro" in v.detail for v in checks.failed(verdicts))
