@@ -225,8 +225,8 @@ def rerun_identical(data: Path, rerun: Path | None) -> list[Verdict]:
         return _na("rerun_identical", "outputs", "0 differ", "no rerun given (--rerun DIR)")
     a, b = output_digests(data), output_digests(rerun)
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return [Verdict("rerun_identical", f"{len(a)} outputs", len(differ), "0 differ", not differ,
-                    ", ".join(differ[:5]))]
+    return [Verdict("rerun_identical", "outputs", len(differ), "0 differ", not differ,
+                    f"{len(a)} compared" + (": " + ", ".join(differ[:5]) if differ else ""))]
 
 
 # ---------------------------------------------------------------------------------------------
