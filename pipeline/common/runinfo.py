@@ -1,9 +1,10 @@
 """Run records, digests, atomic writes and completion markers shared by every stage.
 
 Every output directory carries a ``_run.json`` (docs/design.md §13): stage, params digest, input
-digests, code version, the machine, counts, wall time, peak memory. Writers go through
-:func:`atomic_write_bytes` (directories: :func:`pipeline.common.ownership.atomic_dir`) so a killed
-stage never leaves a half-written file at its final path.
+digests, code version, the machine, the mini world's version (docs/rig.md), counts, wall time, peak
+memory. Writers go through :func:`atomic_write_bytes` (directories:
+:func:`pipeline.common.ownership.atomic_dir`) so a killed stage never leaves a half-written file at
+its final path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
+
+from pipeline.params.world import MINI_WORLD_VERSION
 
 RUN_FILE = "_run.json"
 DONE_SUFFIX = ".done"
@@ -227,6 +230,7 @@ class RunRecord:
             "input_digests": {k: tree_digest(v) if Path(v).exists() else None for k, v in sorted(self.inputs.items())},
             "code_version": code_version(),
             "machine": machine(),
+            "rig": {"mini_world_version": MINI_WORLD_VERSION},  # docs/rig.md
             "counts": self.counts,
             "wall_time_s": round(time.time() - self._start, 3),
             "peak_rss_mb": peak_rss_mb(),

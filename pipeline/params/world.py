@@ -17,6 +17,11 @@ from typing import Literal
 from pipeline.params.checks import MAX_COUNT, bounded, checked, must_exist
 
 
+# The version of the mini world's generator (pipeline/mini_world/) and its defaults: bumped with any
+# change to what it writes, only by the rule of docs/rig.md (committed before the runs that test it,
+# decided on dev or pretraining held-out metrics). Every _run.json records it (rig.mini_world_version).
+MINI_WORLD_VERSION = 1
+
 # Id pools the COCO writer draws from without replacement (pipeline/mini_world/coco.py): real
 # COCO's id ranges, so the generated ids look real. A world asking for more ids cannot be drawn.
 COCO_IMAGE_IDS, COCO_CAPTION_IDS, COCO_INSTANCE_IDS = 581_929, 900_000, 2_200_000

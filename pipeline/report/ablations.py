@@ -27,6 +27,9 @@ from pipeline.report.results import PRETRAIN_METRICS, _fmt
 log = logging.getLogger(__name__)
 
 ABLATIONS_JSON, ABLATIONS_MD = "ablations.json", "ablations.md"
+# held-out tasks whose accuracy is over examples eval.json counts (ITM: one pair, one prediction); MLM and
+# MRC-kl score masked tokens and regions, which it does not count, so their differences get no interval
+UNIT_IS_EXAMPLE = ("itm",)
 
 
 def masking_ablation(main: Path, ablation: Path) -> dict[str, Any]:
@@ -50,7 +53,34 @@ def masking_ablation(main: Path, ablation: Path) -> dict[str, Any]:
                          "rerun `dvc repro ablations/dvc.yaml`")
     metrics = {label: {m: r.get("pretrained", {}).get(task, {}).get(metric) for m, r in zip(maskings, reports)}
                for task, metric, label in PRETRAIN_METRICS}
-    return {"steps": reports[0].get("steps"), "maskings": sorted(maskings), "metrics": metrics}
+    held_out = reports[0].get("held_out") or {}
+    differences = {label: difference(metrics[label], held_out.get(task, {}).get("examples") if task in UNIT_IS_EXAMPLE
+                                     else None) for task, _, label in PRETRAIN_METRICS}
+    return {"steps": reports[0].get("steps"), "maskings": sorted(maskings), "metrics": metrics,
+            "differences": differences}
+
+
+def difference(by_masking: dict[str, float | None], n: int | None, z: float = 1.959964) -> dict[str, Any] | None:
+    """``joint - conditional`` of one held-out metric, an observation, with a 95% interval where the metric
+    is an accuracy over ``n`` held-out units: a normal interval for two proportions, as if the two runs
+    had scored separate units (they score the same ones, so this is wider than a paired interval, never
+    narrower). None when a value is missing."""
+    a, b = by_masking.get("conditional"), by_masking.get("joint")
+    if a is None or b is None:
+        return None
+    out: dict[str, Any] = {"diff": round(b - a, 4), "low": None, "high": None, "units": n}
+    if n:
+        se = (a * (1 - a) / n + b * (1 - b) / n) ** 0.5
+        out.update(low=round(b - a - z * se, 4), high=round(b - a + z * se, 4))
+    return out
+
+
+def _reads(d: dict[str, Any] | None) -> str:
+    if not d or d["low"] is None:
+        return "– (no interval: the held-out units are not counted)"
+    if d["low"] > 0:
+        return "joint higher"
+    return "joint lower" if d["high"] < 0 else "unresolved: interval holds 0"
 
 
 def render_markdown(ablation: dict[str, Any]) -> str:
@@ -61,9 +91,15 @@ def render_markdown(ablation: dict[str, Any]) -> str:
              "data order and held-out batches; only how training batches are masked differs (*conditional*: one "
              "modality per batch, as UNITER; *joint*: words and regions masked together). Whatever it shows is "
              "reported: neither the world nor the seeds were tuned for either.", "",
-             "| held-out metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+             "| held-out metric | " + " | ".join(names) + " | joint − conditional | 95% interval | reads as |",
+             "|---|" + "---:|" * len(names) + "---:|---|---|"]
     for label, by_masking in ablation["metrics"].items():
-        lines.append(f"| {label} | " + " | ".join(_fmt(by_masking.get(n)) for n in names) + " |")
+        d = (ablation.get("differences") or {}).get(label)
+        interval = f"[{d['low']:+.4f}, {d['high']:+.4f}] ({d['units']} pairs)" if d and d["low"] is not None else "–"
+        lines.append(f"| {label} | " + " | ".join(_fmt(by_masking.get(n)) for n in names)
+                     + f" | {_fmt(d['diff'], True) if d else '–'} | {interval} | {_reads(d)} |")
+    lines += ["", "An observation of one pretraining seed on one machine, not a verdict (docs/rig.md); "
+              "`python -m pipeline report matrix --ablation` shows its spread over seeds, precisions and threads."]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.common.reasons import REMOVAL_REASONS, load_cleaning_reports, rejected_by_reason, removed_by_reason
+from pipeline.report.checks import add_checks_parser
+from pipeline.report.matrix import add_matrix_parser
 from pipeline.report.results_cli import add_results_parser
 from pipeline.report.seed_spread import add_spread_parser
 from pipeline.report.split_size import add_split_size_parser
@@ -129,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_results_parser(sub)  # pipeline/report/results_cli.py: `report results [--exps]`
     add_spread_parser(sub)  # pipeline/report/seed_spread.py: `report spread` over fine-tuning seeds
     add_split_size_parser(sub)  # pipeline/report/split_size.py: `report split-size TASK` from dev intervals
+    add_checks_parser(sub)  # pipeline/report/checks.py: `report checks`, the demo's verdicts
+    add_matrix_parser(sub)  # pipeline/report/matrix.py: `report matrix`, the verdicts over seeds x precisions x threads
     return parser
 
 

@@ -92,3 +92,12 @@ def test_a_child_smaller_than_the_process_is_not_reported(tmp_path):
               f"RunRecord('results', 'digest').write({str(tmp_path)!r})")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(runinfo.__file__).parents[2])
     assert set(json.loads((tmp_path / runinfo.RUN_FILE).read_text())["peak_rss_mb"]) == {"process"}
+
+
+def test_every_record_names_the_mini_world_version(tmp_path):
+    """A result says which rig produced it (docs/rig.md): the generator's version is in every _run.json."""
+    from pipeline.params.world import MINI_WORLD_VERSION
+
+    RunRecord("mini_world", "digest").write(tmp_path)
+    record = json.loads((tmp_path / runinfo.RUN_FILE).read_text())
+    assert record["rig"] == {"mini_world_version": MINI_WORLD_VERSION} and MINI_WORLD_VERSION >= 1

@@ -15,7 +15,7 @@ Two runs, not one with the default mix: at this size and budget the tasks do not
 side (measured on this world, seeds 1 and 3, an ITM phase at lr 1e-2 and then a mix with MLM: the
 default mix over 400 steps, MLM 2 : ITM 1 or MLM 2 : MRFR 0.5 : MRC-kl 0.5 : ITM 1 over 300: ITM
 ended within 3.5 points of its majority rate in all six runs, MLM at 16-19% with the image and at
-most 4.4 points above without it): that is the demo's budget question (docs/experiments.md), not
+most 4.4 points above without it): that is the demo's budget question (docs/decisions.md), not
 the canary's.
 
 Measured margins (points; ``PYTHONPATH=.:tests python tests/pipeline/pretrain/test_learning_canary.py
