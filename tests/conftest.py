@@ -4,6 +4,8 @@ run, go first, so each worker starts with one of them and the short files fill i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 LONG_FIRST = ("tests/e2e/test_dvc_repro.py", "tests/dags/test_airflow_scheduler.py")
@@ -18,18 +20,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: the order within each group is kept
 
 
-@pytest.fixture(autouse=True)
-def _torch_load_mode_restored():
-    """``python -m pipeline``'s entry forces weights-only ``torch.load`` through the environment
-    (model/weights_file.py); a test that calls ``main()`` in process must not leave it set for the
-    next test in the same worker (whose unsafe-load controls would then be made safe)."""
-    import os
+# torch's load mode as the suite found it, before any fixture ran ``python -m pipeline``'s main()
+_TORCH_LOAD_MODE = {name: os.environ.get(name)
+                    for name in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
 
-    names = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    saved = {name: os.environ.get(name) for name in names}
-    yield
-    for name, value in saved.items():
+
+def _set_torch_load_mode() -> None:
+    for name, value in _TORCH_LOAD_MODE.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _torch_load_mode_restored():
+    """``python -m pipeline``'s entry forces weights-only ``torch.load`` through the environment
+    (model/weights_file.py). A test, or a module fixture, that calls ``main()`` in process must not
+    leave it set for the next test in the same worker (whose unsafe-load controls would then be
+    made safe): each test starts and ends with the mode the suite started with."""
+    _set_torch_load_mode()
+    yield
+    _set_torch_load_mode()

@@ -202,7 +202,9 @@ def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[str]]:
     names = sorted(groups, key=lambda n: (not n.startswith("pretrain"), n))  # pretraining first
     rendered = dict(zip(names, _render_groups([(n, groups[n]) for n in names])))
     with atomic_dir(out_root, stage="plots") as tmp:
-        atomic_write_bytes(tmp / INDEX, render_html(rendered, metrics_root))
+        # the series' folder as seen from the page: an absolute path would make the bytes depend on
+        # where the run lies (two executors' runs of one graph must give the same page)
+        atomic_write_bytes(tmp / INDEX, render_html(rendered, Path(os.path.relpath(metrics_root, out_root))))
     return {name: [m for m, _ in figs] for name, figs in rendered.items()}
 
 

@@ -95,3 +95,17 @@ def test_a_broken_series_is_an_error_naming_the_file(tmp_path):
 def test_no_metrics_still_writes_an_index(tmp_path):
     assert render_all(tmp_path / "missing", tmp_path / "plots") == {}
     assert "No dvclive metrics" in (tmp_path / "plots/index.html").read_text()
+
+
+def test_the_page_is_the_same_bytes_wherever_the_run_lies(tmp_path):
+    """Two runs of one graph in different data roots (Airflow's local and Celery runs) give the
+    same page: nothing of the run's absolute location is written into it."""
+    import shutil
+
+    write_dvclive(tmp_path / "a/metrics/vqa/pretrained", steps=3)
+    shutil.copytree(tmp_path / "a", tmp_path / "elsewhere/b")
+    render_all(tmp_path / "a/metrics", tmp_path / "a/reports/plots")
+    render_all(tmp_path / "elsewhere/b/metrics", tmp_path / "elsewhere/b/reports/plots")
+    page_a = (tmp_path / "a/reports/plots/index.html").read_bytes()
+    assert page_a == (tmp_path / "elsewhere/b/reports/plots/index.html").read_bytes()
+    assert str(tmp_path).encode() not in page_a
