@@ -31,6 +31,7 @@ from typing import Mapping
 from pipeline.common.progress import configure_logging
 from pipeline.common.ownership import atomic_dir
 from pipeline.common.runinfo import atomic_write_bytes
+from pipeline.report.checks import WALL_CLOCK
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ def collect(run_dir: Path) -> dict[str, dict[str, Series]]:
 
 STARTS = ("pretrained", "scratch")  # fine-tuning's two starts: <task>/<start> below the metrics root
 INDEX = "index.html"
+# the measured throughput differs from run to run: its figures get a page of their own, so the index
+# is the same bytes on every rerun (content digests skip files named after WALL_CLOCK)
+THROUGHPUT_PAGE = f"{WALL_CLOCK}.html"
 # y-axis labels of the metric names the trainings log (the last path component); others: the name
 Y_LABELS = {"loss": "loss", "acc": "accuracy", "accuracy": "accuracy", "mlm_acc": "accuracy", "mrc_acc": "accuracy",
             "itm_acc": "accuracy", "vqa_score": "VQA score", "lr": "learning rate",
@@ -165,9 +169,11 @@ def anchor(text: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "-" for c in text)
 
 
-def render_html(groups: Mapping[str, list[tuple[str, bytes]]], metrics_root: Path) -> bytes:
+def render_html(groups: Mapping[str, list[tuple[str, bytes]]], metrics_root: Path, *,
+                see_also: str | None = None) -> bytes:
     """The page: an index (each training, its starts and figure count), then each training's figures
-    as ``<img>`` tags holding their SVG as a data URI (each figure keeps its own SVG ids)."""
+    as ``<img>`` tags holding their SVG as a data URI (each figure keeps its own SVG ids);
+    ``see_also``: a page of more figures, linked under the heading."""
     import base64
     import html
 
@@ -177,6 +183,9 @@ def render_html(groups: Mapping[str, list[tuple[str, bytes]]], metrics_root: Pat
              "<h1>Training curves</h1>",
              f"<p>dvclive series under <code>{html.escape(str(metrics_root))}</code>; x: optimizer step. "
              "Fine-tuning draws both starts on the same axes (pretrained, scratch); dashed: held-out (val) curves.</p>"]
+    if see_also:
+        parts.append(f'<p>Throughput (tokens / s, measured, so it differs between reruns): '
+                     f'<a href="{html.escape(see_also)}">{html.escape(see_also)}</a></p>')
     if not groups:
         parts.append(f"<p>No dvclive metrics under {html.escape(str(metrics_root))}.</p>")
     parts.append("<nav><h2>Index</h2><ul>")
@@ -196,15 +205,21 @@ def render_html(groups: Mapping[str, list[tuple[str, bytes]]], metrics_root: Pat
 
 
 def render_all(metrics_root: Path, out_root: Path) -> dict[str, list[str]]:
-    """``out_root/index.html`` for every dvclive directory below ``metrics_root``, replacing
-    ``out_root`` atomically. Returns {training: [metric, ...]} in the page's order."""
+    """``out_root/index.html`` for every dvclive directory below ``metrics_root`` (the throughput
+    figures in ``out_root/tokens_per_s.html``), replacing ``out_root`` atomically. Returns {training: [metric, ...]} in the page's order."""
     groups = group_runs(metrics_root)
     names = sorted(groups, key=lambda n: (not n.startswith("pretrain"), n))  # pretraining first
     rendered = dict(zip(names, _render_groups([(n, groups[n]) for n in names])))
     with atomic_dir(out_root, stage="plots") as tmp:
         # the series' folder as seen from the page: an absolute path would make the bytes depend on
         # where the run lies (two executors' runs of one graph must give the same page)
-        atomic_write_bytes(tmp / INDEX, render_html(rendered, Path(os.path.relpath(metrics_root, out_root))))
+        shown = Path(os.path.relpath(metrics_root, out_root))
+        steady = {name: [f for f in figs if f[0] != WALL_CLOCK] for name, figs in rendered.items()}
+        timing = {name: [f for f in figs if f[0] == WALL_CLOCK] for name, figs in rendered.items()}
+        timing = {name: figs for name, figs in timing.items() if figs}
+        atomic_write_bytes(tmp / INDEX, render_html(steady, shown, see_also=THROUGHPUT_PAGE if timing else None))
+        if timing:
+            atomic_write_bytes(tmp / THROUGHPUT_PAGE, render_html(timing, shown))
     return {name: [m for m, _ in figs] for name, figs in rendered.items()}
 
 

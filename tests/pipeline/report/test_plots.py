@@ -104,8 +104,20 @@ def test_the_page_is_the_same_bytes_wherever_the_run_lies(tmp_path):
 
     write_dvclive(tmp_path / "a/metrics/vqa/pretrained", steps=3)
     shutil.copytree(tmp_path / "a", tmp_path / "elsewhere/b")
+    from dvclive import Live
+
+    for root, rate in (("a", 1000.0), ("elsewhere/b", 1250.0)):  # a rerun measures another throughput
+        live = Live(str(tmp_path / root / "metrics/pretrain"), dvcyaml=None, save_dvc_exp=False, report=None)
+        for step in range(3):
+            live.step = step
+            live.log_metric("train/loss", 1.0 / (step + 1))
+            live.log_metric("train/tokens_per_s", rate + step)
+        live.end()
     render_all(tmp_path / "a/metrics", tmp_path / "a/reports/plots")
     render_all(tmp_path / "elsewhere/b/metrics", tmp_path / "elsewhere/b/reports/plots")
     page_a = (tmp_path / "a/reports/plots/index.html").read_bytes()
     assert page_a == (tmp_path / "elsewhere/b/reports/plots/index.html").read_bytes()
     assert str(tmp_path).encode() not in page_a
+    assert b"tokens_per_s.html" in page_a and b"tokens_per_s\"" not in page_a  # throughput: its own page
+    assert (tmp_path / "a/reports/plots/tokens_per_s.html").read_bytes() != \
+        (tmp_path / "elsewhere/b/reports/plots/tokens_per_s.html").read_bytes()
