@@ -299,3 +299,25 @@ def test_build_dbs_checks_every_image_db_and_its_records_before_building_any(wor
             import shutil
 
             shutil.rmtree(world / "features" / "zz_last")
+
+
+def test_build_dbs_checks_every_text_db_before_building_any(world):
+    """A foreign directory where the last-built text DB goes stops build_dbs before it rebuilds any
+    text DB (it used to be found only when that DB was reached, after the others were rebuilt)."""
+    from pipeline.stores.build_dbs import run
+
+    txt = world / "db" / "txt"
+    stamps = {p: (p / "data.mdb").stat().st_mtime_ns for p in txt.iterdir() if (p / "data.mdb").is_file()}
+    last = max(stamps, key=stamps.get)  # the DB the previous build wrote last
+    del stamps[last]
+    moved = last.with_name(last.name + ".built")
+    last.rename(moved)
+    target = decoy(last)
+    try:
+        with pytest.raises(ForeignDirectoryError, match=str(target)):
+            run(params_for(world))
+        assert intact(target)
+        assert {p: (p / "data.mdb").stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
+    finally:
+        _cleanup(target)
+        moved.rename(last)

@@ -20,7 +20,7 @@ from pipeline.common.ownership import OWNER_FILE
 from pipeline.stores.build_dbs import run
 from pipeline.stores.db_cli import main as db_main
 from pipeline.stores.readers import ImageDb, TextDb
-from pipeline.stores.text_db_builder import pretrain_specs
+from pipeline.stores.text_db_builder import pretrain_specs, text_db_names
 from pipeline.stores.tokenization import WordPieceTokenizer, default_vocab_path
 from pipeline.stores.vqa_answers import answer_score, normalize_answer
 
@@ -69,6 +69,8 @@ def test_every_db_and_side_file_is_written(built):
         assert {"_run.json", "data.mdb", "meta.json", "id2len.json", "txt2img.json", "img2txts.json"} <= files
         assert counts["txt"][name]["examples"] == len(TextDb(data / "db" / "txt" / name))
     assert (data / "db" / "img" / "_run.json").is_file() and (data / "db" / "txt" / "_run.json").is_file()
+    params = params_for(data, *OVERRIDES)  # the preflight's list is the list of what is written
+    assert set(text_db_names(params.ingest.datasets, pretrain=True)) == TEXT_DBS == set(counts["txt"])
 
 
 def test_image_dbs_round_trip_the_shards_exactly(built):
