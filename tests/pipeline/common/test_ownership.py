@@ -321,3 +321,21 @@ def test_build_dbs_checks_every_text_db_before_building_any(world):
     finally:
         _cleanup(target)
         moved.rename(last)
+
+
+def test_pretrain_removes_what_a_killed_export_left_before_it_trains(world, monkeypatch):
+    """A run killed during its export leaves ``models/.pretrain.<random>.tmp`` (the model's size);
+    the next run removes it when it starts, not only when it reaches its own export."""
+    import pipeline.pretrain.pretrain as pretrain
+
+    left = world / "models" / ".pretrain.k1ll3d.tmp"
+    left.mkdir(parents=True)
+    write_marker(left, "pretrain")
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    at_training = []
+    monkeypatch.setattr(pretrain, "train_rank", lambda params, plan: at_training.append(left.exists()))
+    try:
+        pretrain.run(params_for(world, "model.preset=tiny", "pretrain.steps=2", "pretrain.first_phase_steps=0"))
+        assert at_training == [False]
+    finally:
+        _cleanup(left)
