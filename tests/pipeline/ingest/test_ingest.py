@@ -4,11 +4,9 @@ the whole mini world (every planted defect rejected with its reason, nothing els
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
-import os
 import pickle
 import tracemalloc
 from pathlib import Path
@@ -18,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers.disk_full import fill_disk_at
 from helpers.source_fixtures import fixture_overrides
 from pipeline.ingest.ingest import SeenKeys, ingest_dataset, run
 from pipeline.ingest.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
@@ -247,38 +246,6 @@ def test_mini_world_manifests_follow_the_contract(mini):
     assert all(r["image_id"] == hashlib.sha1(r["url"].encode()).hexdigest() for r in cc)
 
 
-class _FullAt:
-    """Test hook: the disk fills (ENOSPC) when the output whose name contains ``marker`` is finished:
-    at the parquet writer's close, or at the fsync of an atomically written file."""
-
-    def __init__(self, monkeypatch, marker: str) -> None:
-        import pipeline.ingest.manifest as manifest_module
-
-        real_fsync, hook = os.fsync, self
-
-        class Writer(pq.ParquetWriter):
-            def __init__(self, where, *args, **kwargs):
-                self.target = str(where)
-                super().__init__(where, *args, **kwargs)
-
-            def close(self):
-                super().close()
-                if marker in self.target:
-                    hook.full()
-
-        def fsync(fd):
-            if marker in os.readlink(f"/proc/self/fd/{fd}"):
-                hook.full()
-            return real_fsync(fd)
-
-        monkeypatch.setattr(manifest_module.pq, "ParquetWriter", Writer)
-        monkeypatch.setattr(os, "fsync", fsync)
-
-    @staticmethod
-    def full():
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 @pytest.mark.parametrize("marker", ["coco.rejects.parquet", "coco._run.json"])
 def test_ingest_on_a_full_disk_replaces_all_its_outputs_or_none(params, monkeypatch, marker):
     """A full disk at any of ingest's three outputs leaves the previous outputs as they were (none
@@ -298,7 +265,7 @@ def test_ingest_on_a_full_disk_replaces_all_its_outputs_or_none(params, monkeypa
             ingest_dataset(strict, "coco", progress=False)
             before = files()
         with monkeypatch.context() as patch:
-            _FullAt(patch, marker)
+            fill_disk_at(patch, marker)
             with pytest.raises(OSError) as info:
                 ingest_dataset(loose, "coco", progress=False)  # other rows, so other bytes
         status, line = describe(info.value)
