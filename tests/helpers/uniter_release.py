@@ -86,8 +86,10 @@ def write_txt_db(root: Path, name: str, examples: dict[str, dict], tok: WordPiec
             "v_range": [999, tok.vocab_size]}
     ids = [*examples, *(raw or {}), *id2len_extra]
     (d / "meta.json").write_text(json.dumps(meta))
-    (d / "id2len.json").write_text(json.dumps({k: len(examples.get(k, {}).get("input_ids", [])) for k in ids}))
-    (d / "txt2img.json").write_text(json.dumps({k: v["img_fname"] for k, v in examples.items()}))
+    # the side files as the release's: from the examples, whatever (damaged) values they hold
+    lengths = {k: examples.get(k, {}).get("input_ids") for k in ids}
+    (d / "id2len.json").write_text(json.dumps({k: len(v) if isinstance(v, list) else 0 for k, v in lengths.items()}))
+    (d / "txt2img.json").write_text(json.dumps({k: v.get("img_fname") for k, v in examples.items()}, default=repr))
     return d
 
 
