@@ -154,6 +154,19 @@ def current_umask() -> int:
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory + rename."""
+    tmp = stage_bytes(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def stage_bytes(path: Path | str, data: bytes) -> Path:
+    """Write ``data`` (fsynced, mode as ``open()`` gives) to a temporary ``.<name>.<random>.tmp``
+    beside ``path`` and return it; renaming it onto ``path`` is the caller's. A failed write
+    (a full disk names ``path``) leaves no temporary file."""
     from pipeline.common.failures import names_file_when_full
 
     path = Path(path)
@@ -166,17 +179,21 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         chmod_as_open(tmp)
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    return Path(tmp)
 
 
 def atomic_write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:
     """Deterministic JSON (sorted keys, trailing newline) written atomically."""
-    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, json_bytes(obj, indent=indent))
+
+
+def json_bytes(obj: Any, *, indent: int | None = 2) -> bytes:
+    """Deterministic JSON (sorted keys, trailing newline) as :func:`atomic_write_json` writes it."""
+    return (json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, default=str) + "\n").encode("utf-8")
 
 
 def mark_done(path: Path | str, info: Mapping[str, Any] | None = None) -> None:
@@ -224,7 +241,13 @@ class RunRecord:
         ``_run.json`` says the stage finished, so it must never stand beside missing outputs.
         """
         self.check_outputs(Path(out_dir) / name, require)
-        record = {
+        record = self.render()
+        atomic_write_json(Path(out_dir) / name, record)
+        return record
+
+    def render(self) -> dict[str, Any]:
+        """The record as :meth:`write` writes it (digests of the inputs, counts, wall time so far)."""
+        return {
             "stage": self.stage,
             "params_digest": self.params_digest,
             "input_digests": {k: tree_digest(v) if Path(v).exists() else None for k, v in sorted(self.inputs.items())},
@@ -236,8 +259,6 @@ class RunRecord:
             "peak_rss_mb": peak_rss_mb(),
             **self.extra,
         }
-        atomic_write_json(Path(out_dir) / name, record)
-        return record
 
     def check_outputs(self, target: Path, require: Iterable[Path | str] = ()) -> None:
         """Raise OutputsMissingError unless every path of ``extra["outputs"]`` and ``require`` exists

@@ -8,7 +8,8 @@ streams both outputs in chunks of ``params.ingest.chunk_rows``:
     <paths.data>/manifests/<dataset>.rejects.parquet  (reason, detail and the raw row)
     <paths.data>/manifests/<dataset>._run.json        (counts: rows_in = manifest_rows + rejects)
 
-Each file appears atomically; the run record is written last.
+Every byte of the three is written to temporary files first, then they are renamed into place,
+the run record last (:func:`publish_all_or_none`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.common.runinfo import RunRecord
+from pipeline.common.ownership import ForeignDirectoryError
+from pipeline.common.runinfo import RunRecord, json_bytes, stage_bytes
 from pipeline.common.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.ingest.sources import load_reader
@@ -150,6 +153,30 @@ def _reject_record(dataset: str, rej: Reject) -> dict[str, str]:
             "reason": rej.reason, "detail": raw_text(rej.detail), "raw_row": raw_text(rej.raw)}
 
 
+def publish_all_or_none(record: RunRecord, run_file: Path, writers: Sequence[ParquetStreamWriter]) -> None:
+    """Move the closed ``writers``' files and ``record`` into place: all of them, or none.
+
+    Every byte (the record's too) is written to temporaries before anything is renamed, so a full
+    disk leaves the previous outputs as they were. The old record goes before the first rename and
+    the new one comes last, so a kill between the renames leaves no record: an unfinished run,
+    never a record beside outputs of another run. On an error the temporaries are removed.
+    """
+    staged = None
+    try:
+        staged = stage_bytes(run_file, json_bytes(record.render()))
+        run_file.unlink(missing_ok=True)
+        for writer in writers:
+            writer.publish()
+        record.check_outputs(run_file)
+        os.replace(staged, run_file)
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+        raise
+
+
 def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> IngestResult:
     """Read ``dataset`` from ``params.sources`` and write its manifest, rejects and run record."""
     cfg = params.ingest
@@ -161,6 +188,9 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                       progress=progress)
     checker = ImageChecker(full=cfg.full_image_check, max_pixels=cfg.max_image_pixels,
                            cache=reader.IMAGES_REPEAT) if cfg.check_images else None
+    for path in (out_dir / f"{dataset}{end}" for end in (".parquet", ".rejects.parquet", "._run.json")):
+        if path.is_dir() and not path.is_symlink():  # checked before the work, not found at its end
+            raise ForeignDirectoryError(path, "replace with the stage's output file")
     seen, reasons, rows_in = SeenKeys(), Counter(), 0
     manifest = ParquetStreamWriter(out_dir / f"{dataset}.parquet", manifest_schema(reader.COLUMNS),
                                    chunk_rows=cfg.chunk_rows)
@@ -192,8 +222,8 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                 reason = NON_UTF8 if "Unicode" in why else MALFORMED_ROW
                 reasons[reason] += 1
                 rejects.append(_reject_record(dataset, Reject(reason, why, row.raw, row.source_file, row.locator)))
-        manifest_rows = manifest.commit()
-        rejects.commit()
+        manifest_rows = manifest.close()
+        rejects.close()
     except BaseException:
         manifest.abort()
         rejects.abort()
@@ -205,7 +235,7 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                          rejects_by_reason=result.rejects, images_checked=checker.checked if checker else 0,
                          **ctx.notes)
     record.extra["outputs"] = {"manifest": str(manifest.path), "rejects": str(rejects.path)}
-    record.write(out_dir, name=f"{dataset}._run.json")
+    publish_all_or_none(record, out_dir / f"{dataset}._run.json", (manifest, rejects))
     log.info(result.summary())
     return result
 

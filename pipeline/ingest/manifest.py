@@ -161,14 +161,25 @@ class ParquetStreamWriter:
 
     def commit(self) -> int:
         """Write what is pending, close, and move the file to ``path``; returns the row count."""
+        rows = self.close()
+        self.publish()
+        return rows
+
+    def close(self) -> int:
+        """Write what is pending and close the temporary file (every byte is on disk, nothing is at
+        ``path`` yet: :meth:`publish` moves it there); returns the row count."""
         self.flush()
         assert self._writer is not None, "writer already closed"
         with names_file_when_full(self.path):
             self._writer.close()
         self._writer = None
         chmod_as_open(self._tmp)
-        os.replace(self._tmp, self.path)
         return self.rows_written
+
+    def publish(self) -> None:
+        """Move the closed temporary file onto ``path`` (a rename: needs no space)."""
+        assert self._writer is None, "close() first"
+        os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
         if self._writer is not None:

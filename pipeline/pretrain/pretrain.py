@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import torch
 
-from pipeline.common.ownership import preflight
+from pipeline.common.ownership import preflight, remove_stale_temps
 from pipeline.common.runinfo import atomic_write_json, file_digest
 from pipeline.params import deepspeed as deepspeed_params
 from pipeline.params.parser import Params, dump_params, to_dict
@@ -64,6 +64,8 @@ def run_vcr(params: Params) -> None:
 
 def _run(params: Params, plan: StagePlan) -> None:
     preflight(plan.ckpt_dir, plan.out_dir, plan.metrics_dir)
+    if not in_launched_worker():  # the lock holder: what a killed export left goes now, not after training
+        remove_stale_temps(plan.out_dir)
     cfg = params.pretrain
     if in_launched_worker() or (cfg.world_size == 1 and cfg.hostfile is None):
         train_rank(params, plan)  # a release file is checked there, before the rank writes anything

@@ -27,7 +27,7 @@ from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, T
                                         encode_value, text_length)
 from pipeline.stores.readers import ImageDb, read_json
 from pipeline.stores.text_db_builder import (TextDbSpec, nlvr2_specs, pretrain_specs, refcoco_specs, retrieval_specs,
-                                             snli_ve_specs, vqa_specs)
+                                             snli_ve_specs, text_db_names, vqa_specs)
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.vcr_text import vcr_specs
 
@@ -145,13 +145,17 @@ def text_db_specs(params: Params, tok: WordPieceTokenizer, img_root: Path) -> li
     return out
 
 
-def _preflight(feat_root: Path, img_root: Path, txt_root: Path) -> None:
-    """Before any DB is built: every image DB directory this run replaces is the pipeline's, and
-    the summaries' ``_run.json`` paths are free for a file (a foreign directory there stopped the
-    stage only at its very end). Text DB names depend on the built image DBs; atomic_dir checks each."""
+def _preflight(params: Params, img_root: Path, txt_root: Path) -> None:
+    """Before any DB is built: every image and text DB directory this run may replace is the
+    pipeline's, and the summaries' ``_run.json`` paths are free for a file. (A foreign directory at
+    a later DB, or in place of a summary record, used to stop the stage only after others were
+    rebuilt, or at its very end.)"""
+    feat_root = params.paths.data / "features"
     feat_dirs = sorted(d for d in feat_root.iterdir() if d.is_dir() and (d / META_FILE).is_file()) \
         if feat_root.is_dir() else []
-    preflight(*(img_root / d.name for d in feat_dirs))
+    datasets = params.ingest.datasets
+    txt_names = text_db_names(datasets, pretrain=set(PRETRAIN_DATASETS) <= set(datasets))
+    preflight(*(img_root / d.name for d in feat_dirs), *(txt_root / name for name in txt_names))
     for record in (img_root / RUN_FILE, txt_root / RUN_FILE):
         if record.is_symlink() or (record.exists() and not record.is_file()):
             raise ForeignDirectoryError(record, "replace with the stage's run record")
@@ -169,7 +173,7 @@ def run(params: Params) -> dict[str, Any]:
 
         return import_release(params)
     img_root, txt_root = data / "db" / "img", data / "db" / "txt"
-    _preflight(data / "features", img_root, txt_root)
+    _preflight(params, img_root, txt_root)
     digest = params.section_digest("build_dbs", "seed")
     img_summary = RunRecord("build_dbs", digest)
     img_summary.counts.update(build_image_dbs(params, data / "features", img_root))

@@ -32,6 +32,25 @@ SPLITS = {
     "snli_ve": {"train": "train", "dev": "dev", "test": "test"},
     "refcoco": {"train": "train", "val": "val", "testA": "testA", "testB": "testB"},
 }
+# dataset -> the name prefix(es) of its text DBs, one DB per prefix and split (``vqa_train``)
+DB_PREFIXES = {"coco": ("retrieval_coco",), "flickr30k": ("retrieval_flickr",), "vqa": ("vqa",),
+               "vcr": ("vcr_qa", "vcr_qar"), "nlvr2": ("nlvr2",), "snli_ve": ("snli_ve",),
+               "refcoco": ("refcoco_plus",)}
+PRETRAIN_DOMAINS = {"indomain": ("coco", "vg"), "outdomain": ("cc", "sbu")}
+PRETRAIN_SPLITS = ("train", "val")
+
+
+def db_splits(dataset: str) -> tuple[str, ...]:
+    """The DB splits of ``dataset``, in :data:`SPLITS` order (``restval`` joins ``train``)."""
+    return tuple(dict.fromkeys(SPLITS[dataset].values()))
+
+
+def text_db_names(datasets: Sequence[str], *, pretrain: bool) -> list[str]:
+    """Every text DB the manifests of ``datasets`` (and the clean pretraining corpora, when
+    ``pretrain``) can give: build_dbs checks each directory before it writes any."""
+    names = [f"pretrain_{d}_{s}" for d in PRETRAIN_DOMAINS for s in PRETRAIN_SPLITS] if pretrain else []
+    return names + [f"{prefix}_{split}" for dataset in DB_PREFIXES if dataset in datasets
+                    for prefix in DB_PREFIXES[dataset] for split in db_splits(dataset)]
 
 
 @dataclass
@@ -109,7 +128,7 @@ def pretrain_specs(clean_dir: Path, tok: WordPieceTokenizer, *, max_len: int, ou
     ``outdomain_val_size`` images (all their captions) from the train rows.
     """
     specs = []
-    for domain, datasets in (("indomain", ("coco", "vg")), ("outdomain", ("cc", "sbu"))):
+    for domain, datasets in PRETRAIN_DOMAINS.items():
         frames = [read_manifest(clean_dir / f"{d}.parquet", ["example_id", "split", "image_source", "image_id", "text"])
                   for d in datasets]
         frame = pd.concat(frames, ignore_index=True)
@@ -119,7 +138,7 @@ def pretrain_specs(clean_dir: Path, tok: WordPieceTokenizer, *, max_len: int, ou
         split = frame["split"].astype(str)
         if domain == "outdomain" and not (split == "val").any():
             split = _seeded_image_split(frame, outdomain_val_size, seed)
-        for name in ("train", "val"):
+        for name in PRETRAIN_SPLITS:
             part = frame[split == name]
             records, truncated = _simple_records(part, tok, max_len)
             specs.append(TextDbSpec(f"pretrain_{domain}_{name}", "pretrain", name, list(datasets), "single",
@@ -154,7 +173,7 @@ def vqa_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int, min_answ
                 "answer_scores": np.asarray(scores, dtype=np.float32)}
 
     specs = []
-    for name in ("train", "val", "test"):
+    for name in db_splits("vqa"):
         records, truncated = _simple_records(frame[split == name], tok, max_len, targets)
         specs.append(TextDbSpec(f"vqa_{name}", "vqa", name, ["vqa"], "single", max_len, records, truncated,
                                 meta={"num_answers": len(ans2label), "min_answer_count": min_answer_count},
@@ -167,7 +186,7 @@ def nlvr2_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> lis
     frame = read_manifest(manifest)
     split = map_splits(frame, "nlvr2", manifest)
     specs = []
-    for name in ("train", "dev", "test"):
+    for name in db_splits("nlvr2"):
         part = frame[split == name]
         records, truncated = _simple_records(part, tok, max_len, lambda r: {"label": _bool_label(r.label)})
         for rec, row in zip(records, part.itertuples(index=False)):
@@ -191,7 +210,7 @@ def snli_ve_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> l
     if bad:
         raise ValueError(f"{manifest}: unexpected SNLI-VE label(s) {bad}; expected {list(SNLI_LABELS)}")
     specs = []
-    for name in ("train", "dev", "test"):
+    for name in db_splits("snli_ve"):
         records, truncated = _simple_records(
             frame[split == name], tok, max_len,
             lambda r: {"label": SNLI_LABELS.index(r.label) if isinstance(r.label, str) else -1})
@@ -204,11 +223,11 @@ def retrieval_specs(manifest: Path, dataset: str, tok: WordPieceTokenizer, *, ma
     """retrieval_{coco,flickr}_{train,val,test}: Karpathy splits (restval joins train)."""
     frame = read_manifest(manifest, ["example_id", "split", "image_source", "image_id", "text"])
     split = map_splits(frame, dataset, manifest)
-    short = "flickr" if dataset == "flickr30k" else dataset
+    prefix, = DB_PREFIXES[dataset]
     specs = []
-    for name in ("train", "val", "test"):
+    for name in db_splits(dataset):
         records, truncated = _simple_records(frame[split == name], tok, max_len)
-        specs.append(TextDbSpec(f"retrieval_{short}_{name}", "retrieval", name, [dataset], "single", max_len,
+        specs.append(TextDbSpec(f"{prefix}_{name}", "retrieval", name, [dataset], "single", max_len,
                                 records, truncated))
     return specs
 
@@ -226,7 +245,7 @@ def refcoco_specs(manifest: Path, instances: Path | None, tok: WordPieceTokenize
     split = map_splits(frame, "refcoco", manifest)
     ann_boxes = _instance_boxes(instances) if instances is not None and instances.is_file() else {}
     specs = []
-    for name in ("train", "val", "testA", "testB"):
+    for name in db_splits("refcoco"):
         part = frame[split == name]
         records, truncated = _simple_records(part, tok, max_len)
         for rec, row in zip(records, part.itertuples(index=False)):

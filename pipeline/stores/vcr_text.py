@@ -27,8 +27,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pipeline.stores.text_db_builder import TextDbSpec, map_splits, read_manifest
+from pipeline.stores.text_db_builder import DB_PREFIXES, TextDbSpec, map_splits, read_manifest
 from pipeline.stores.tokenization import WordPieceTokenizer
+
+QA, QAR = DB_PREFIXES["vcr"]  # the two views' DB name prefixes
 
 GT_IMG_DB = "vcr_gt"
 DET_IMG_DB = "vcr"
@@ -134,12 +136,12 @@ def vcr_specs(manifest: Path, tok: WordPieceTokenizer, *, max_len: int) -> list[
 
         nq, na = fit_lengths([len(q), a_max], max_len)
         qa = {**base, "input_ids": _arr(q, nq), "choices": [_arr(a, na) for a in answers], "label": a_label}
-        _add(views, truncated, f"vcr_qa_{name}", qa, (nq, na) != (len(q), a_max))
+        _add(views, truncated, f"{QA}_{name}", qa, (nq, na) != (len(q), a_max))
 
         nq, na, nr = fit_lengths([len(q), a_max, r_max], max_len)
         qar = {**base, "input_ids": _arr(q, nq), "answer_choices": [_arr(a, na) for a in answers],
                "answer_label": a_label, "choices": [_arr(r, nr) for r in rationales], "label": r_label}
-        _add(views, truncated, f"vcr_qar_{name}", qar, (nq, na, nr) != (len(q), a_max, r_max))
+        _add(views, truncated, f"{QAR}_{name}", qar, (nq, na, nr) != (len(q), a_max, r_max))
 
     specs = []
     for db_name in sorted(views):

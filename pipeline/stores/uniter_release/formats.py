@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def _where(db: Path, key: str) -> str:
     return f"{db}: entry {key!r}"
 
 
-def _is_object_array(obj: dict) -> bool:
+def _names_object(obj: dict) -> bool:
     """msgpack-numpy marks object arrays with kind 'O'; its older layout had no kind, only the dtype string."""
     if obj.get(b"kind") == b"O":
         return True
@@ -79,24 +80,60 @@ def _is_object_array(obj: dict) -> bool:
     return isinstance(dtype, str) and dtype.endswith("O")
 
 
+def _unsafe(db: Path, key: str, what: str) -> UnsafeEntryError:
+    return UnsafeEntryError(f"{_where(db, key)} holds {what}: decoding it would unpickle data from the release "
+                            f"or read objects from raw bytes; expected numeric arrays")
+
+
+def _decode_array(obj: dict, db: Path, key: str) -> Any:
+    """A msgpack-numpy array map -> ndarray (a numpy scalar where ``nd`` is not True).
+
+    msgpack-numpy's own decoder unpickles kind 'O', and builds a structured dtype with an object
+    field straight from the raw bytes (pointers read from the download); both are refused here
+    before any array exists. Whatever else does not decode is an ``unreadable`` entry.
+    """
+    if _names_object(obj):
+        raise _unsafe(db, key, "an object array (msgpack-numpy kind 'O')")
+    try:
+        descr = obj[b"type"]
+        if obj.get(b"kind") == b"V":  # a structured dtype: [(name, type, *shape), ...]
+            descr = [tuple(msgpack_numpy.tostr(t) if isinstance(t, bytes) else t for t in d) for d in descr]
+        dtype = msgpack_numpy._unpack_dtype(descr)
+    except Exception as err:  # noqa: BLE001 - numpy's dtype parser raises many kinds on a forged description
+        raise EntryFormatError("unreadable", f"{_where(db, key)}: an array's dtype {obj.get(b'type')!r} does not "
+                                             f"decode ({type(err).__name__}: {str(err)[:200]})") from None
+    if dtype.hasobject:
+        raise _unsafe(db, key, f"an array of dtype {dtype} (it holds objects)")
+    try:
+        if obj[b"nd"] is True:
+            return np.ndarray(buffer=obj[b"data"], dtype=dtype, shape=obj[b"shape"])
+        return np.frombuffer(obj[b"data"], dtype=dtype)[0]
+    except Exception as err:  # noqa: BLE001 - a forged shape, buffer or flag: numpy raises many kinds
+        raise EntryFormatError("unreadable", f"{_where(db, key)}: an array of dtype {dtype} does not decode "
+                                             f"({type(err).__name__}: {str(err)[:200]})") from None
+
+
 def _msgpack_numpy_hook(db: Path, key: str):
-    """object_hook: msgpack-numpy arrays -> ndarray, refusing object dtypes (msgpack-numpy would unpickle)."""
+    """object_hook: msgpack-numpy arrays -> ndarray (:func:`_decode_array`), other maps as they are."""
 
     def hook(obj: dict) -> Any:
         if b"nd" in obj:
-            if _is_object_array(obj):
-                raise UnsafeEntryError(f"{_where(db, key)} holds an object array (msgpack-numpy kind 'O'): "
-                                       f"decoding it would unpickle data from the release; expected numeric arrays")
-            return msgpack_numpy.decode(obj)
+            return _decode_array(obj, db, key)
+        if b"complex" in obj:
+            raise EntryFormatError("unreadable", f"{_where(db, key)} holds a complex number, expected arrays")
         return obj
 
     return hook
 
 
+# what a damaged archive raises: numpy's format errors, zip's, zlib's (a corrupt member), a cut one
+_ARCHIVE_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError)
+
+
 def _load_archive(buf: bytes, db: Path, key: str) -> dict[str, np.ndarray]:
     try:
         archive = np.load(io.BytesIO(buf), allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile) as err:
+    except _ARCHIVE_ERRORS as err:
         raise EntryFormatError("unreadable", f"{_where(db, key)} is not an .npz archive: {err}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise EntryFormatError("unreadable", f"{_where(db, key)} is a single array, expected an .npz archive")
@@ -106,19 +143,49 @@ def _load_archive(buf: bytes, db: Path, key: str) -> dict[str, np.ndarray]:
             if name not in IMAGE_FIELDS:  # e.g. the 'allow_pickle' flag the converter stored as an array
                 continue
             try:
+                _check_member_size(archive, name, db, key)
                 out[name] = archive[name]
-            except ValueError as err:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
-                raise UnsafeEntryError(f"{_where(db, key)}: field {name!r} is an object array, which only "
-                                       f"pickle can load ({err}); expected a numeric array") from None
+            except EntryFormatError:
+                raise
+            except _ARCHIVE_ERRORS as err:
+                if isinstance(err, ValueError) and "allow_pickle" in str(err):  # numpy: "Object arrays cannot be
+                    # loaded when allow_pickle=False"
+                    raise UnsafeEntryError(f"{_where(db, key)}: field {name!r} is an object array, which only "
+                                           f"pickle can load ({err}); expected a numeric array") from None
+                raise EntryFormatError("unreadable", f"{_where(db, key)}: field {name!r} does not load "
+                                                     f"({type(err).__name__}: {err})") from None
     return out
 
 
+def _check_member_size(archive: Any, name: str, db: Path, key: str) -> None:
+    """Refuse a member whose header declares more bytes than the member holds: numpy allocates the
+    declared array before it reads, so a forged shape would claim any amount of memory."""
+    member = f"{name}.npy" if f"{name}.npy" in archive.zip.namelist() else name  # numpy lists both as name
+    size = archive.zip.getinfo(member).file_size
+    with archive.zip.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if declared > size:
+        raise EntryFormatError("unreadable", f"{_where(db, key)}: field {name!r} declares shape {shape} of {dtype} "
+                                             f"({declared} bytes) in a member of {size} bytes")
+
+
 def decode_image_entry(buf: bytes | memoryview, *, compressed: bool, db: Path, key: str) -> dict[str, np.ndarray]:
-    """One stored image value -> {field: array} for the fields of :data:`IMAGE_FIELDS` it has."""
+    """One stored image value -> {field: array} for the fields of :data:`IMAGE_FIELDS` it has.
+
+    Raises :class:`EntryFormatError` (``unreadable``; ``bad_shape`` for a field that is no array of
+    numbers: a msgpack list, a string array)."""
     buf = bytes(buf)
-    if compressed:
-        return _load_archive(buf, db, key)
-    return {k: v for k, v in _unpack_map(buf, db, key).items() if k in IMAGE_FIELDS}
+    fields = _load_archive(buf, db, key) if compressed else \
+        {k: v for k, v in _unpack_map(buf, db, key).items() if k in IMAGE_FIELDS}
+    for name, arr in fields.items():
+        if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "fiu":
+            what = f"an array of dtype {arr.dtype}" if isinstance(arr, np.ndarray) else type(arr).__name__
+            raise EntryFormatError("bad_shape", f"{_where(db, key)}: field {name!r} is {what}, expected an array "
+                                                f"of numbers")
+    return fields
 
 
 def image_record(fields: dict[str, np.ndarray], nbb: int, *, db: Path, key: str) -> dict[str, Any]:
@@ -135,16 +202,12 @@ def image_record(fields: dict[str, np.ndarray], nbb: int, *, db: Path, key: str)
                                f"{_where(db, key)} has no field(s) {missing}; expected {list(IMAGE_FIELDS)}")
     feat, bb = fields["features"], fields["norm_bb"]
     conf, soft = fields["conf"].reshape(-1), fields["soft_labels"]
-    for name, arr in fields.items():
-        if arr.dtype.kind not in "fiu":
-            raise EntryFormatError("bad_shape",
-                                   f"{_where(db, key)}: field {name!r} has dtype {arr.dtype}, expected numbers")
     n = feat.shape[0] if feat.ndim == 2 else -1
     if feat.ndim != 2 or bb.ndim != 2 or bb.shape[1] < NORM_BB_COLUMNS or soft.ndim != 2 \
-            or {bb.shape[0], conf.shape[0], soft.shape[0]} != {n}:
+            or {bb.shape[0], conf.shape[0], soft.shape[0]} != {n} or not feat.shape[1] or soft.shape[1] < 2:
         raise EntryFormatError("bad_shape", f"{_where(db, key)}: features {feat.shape}, norm_bb {bb.shape}, conf "
                                f"{fields['conf'].shape}, soft_labels {soft.shape}; expected [n, D], [n, 6], [n], "
-                               f"[n, C+1]")
+                               f"[n, C+1] (D >= 1, C >= 1)")
     if nbb < 1:
         raise EntryFormatError("too_few_regions", f"{_where(db, key)}: the region count is {nbb}, expected at least 1")
     if nbb > n:
@@ -177,9 +240,9 @@ def _unpack_map(raw: bytes, db: Path, key: str) -> dict:
     """A msgpack map (msgpack-numpy arrays decoded without pickle) or EntryFormatError("unreadable")."""
     try:
         obj = msgpack.unpackb(raw, raw=False, object_hook=_msgpack_numpy_hook(db, key), strict_map_key=False)
+    except (EntryFormatError, UnsafeEntryError):  # the hook's, already naming DB and key
+        raise
     except (ValueError, TypeError) as err:  # msgpack's format errors are ValueErrors
-        if isinstance(err, UnsafeEntryError):
-            raise
         raise EntryFormatError("unreadable", f"{_where(db, key)} is not a msgpack map: {err}") from None
     if not isinstance(obj, dict):
         raise EntryFormatError("unreadable", f"{_where(db, key)} is a msgpack {type(obj).__name__}, expected a map")

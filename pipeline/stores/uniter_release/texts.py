@@ -58,22 +58,42 @@ def check_tokenizer(meta_path: Path, tok: WordPieceTokenizer) -> dict[str, Any]:
     return meta
 
 
+def _is_int(value: Any) -> bool:
+    """An integer of msgpack or numpy, not a bool (``True`` is no token id or label)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _int_list(value: Any) -> list[int] | None:
+    """``value`` as a list of Python ints when it is a list (or 1-d integer array) of integers, else None."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.ndim == 1 and value.dtype.kind in "iu" else None
+    if not isinstance(value, (list, tuple)) or not all(_is_int(i) for i in value):
+        return None
+    return [int(i) for i in value]
+
+
 def _input_ids(value: Any, vocab: int, where: str) -> np.ndarray:
-    if not isinstance(value, (list, tuple, np.ndarray)) or not all(isinstance(i, (int, np.integer)) for i in value):
+    ids = _int_list(value)
+    if ids is None:
         raise EntryFormatError("bad_field", f"{where}: input_ids is {type(value).__name__}, expected a list of int")
-    ids = np.asarray(value, dtype=np.int64)
-    if len(ids) == 0 or ids.min() < 0 or ids.max() >= vocab:
+    if not ids or min(ids) < 0 or max(ids) >= vocab:  # checked as Python ints: 2**64 - 1 fits no int64
         raise EntryFormatError("bad_field", f"{where}: input_ids empty or outside [0, {vocab})")
-    return ids.astype(np.int32)
+    return np.asarray(ids, dtype=np.int32)
 
 
 def _labels_scores(target: Any, where: str) -> tuple[list[int], list[float]]:
     if target is None:
         return [], []
-    if not isinstance(target, dict) or len(target.get("labels", [])) != len(target.get("scores", [])):
+    labels = _int_list(target.get("labels", [])) if isinstance(target, dict) else None
+    scores = target.get("scores", []) if isinstance(target, dict) else None
+    if isinstance(scores, np.ndarray):
+        scores = scores.tolist() if scores.ndim == 1 and scores.dtype.kind in "fiu" else None
+    numbers = isinstance(scores, (list, tuple)) and all(
+        isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_)) for x in scores)
+    if labels is None or not numbers or len(labels) != len(scores):
         raise EntryFormatError("bad_field",
-                               f"{where}: target is {target!r}, expected {{labels: [int], scores: [float]}}")
-    return [int(x) for x in target.get("labels") or []], [float(x) for x in target.get("scores") or []]
+                               f"{where}: target is {target!r}"[:300] + ", expected {labels: [int], scores: [float]}")
+    return labels, [float(x) for x in scores]
 
 
 def task_fields(task: str, rec: dict[str, Any], key: str, num_answers: int, where: str) -> dict[str, Any]:
@@ -86,7 +106,7 @@ def task_fields(task: str, rec: dict[str, Any], key: str, num_answers: int, wher
                 "answer_scores": np.asarray(scores, np.float32)}
     if task == "nlvr2":
         target = rec.get("target")
-        if target not in (0, 1, None):
+        if not (target is None or (isinstance(target, (int, np.integer)) and target in (0, 1))):  # an array too
             raise EntryFormatError("bad_field", f"{where}: target is {target!r}, expected 1, 0 or null")
         return {"label": -1 if target is None else int(target)}
     if task == "snli_ve":

@@ -299,3 +299,43 @@ def test_build_dbs_checks_every_image_db_and_its_records_before_building_any(wor
             import shutil
 
             shutil.rmtree(world / "features" / "zz_last")
+
+
+def test_build_dbs_checks_every_text_db_before_building_any(world):
+    """A foreign directory where the last-built text DB goes stops build_dbs before it rebuilds any
+    text DB (it used to be found only when that DB was reached, after the others were rebuilt)."""
+    from pipeline.stores.build_dbs import run
+
+    txt = world / "db" / "txt"
+    stamps = {p: (p / "data.mdb").stat().st_mtime_ns for p in txt.iterdir() if (p / "data.mdb").is_file()}
+    last = max(stamps, key=stamps.get)  # the DB the previous build wrote last
+    del stamps[last]
+    moved = last.with_name(last.name + ".built")
+    last.rename(moved)
+    target = decoy(last)
+    try:
+        with pytest.raises(ForeignDirectoryError, match=str(target)):
+            run(params_for(world))
+        assert intact(target)
+        assert {p: (p / "data.mdb").stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
+    finally:
+        _cleanup(target)
+        moved.rename(last)
+
+
+def test_pretrain_removes_what_a_killed_export_left_before_it_trains(world, monkeypatch):
+    """A run killed during its export leaves ``models/.pretrain.<random>.tmp`` (the model's size);
+    the next run removes it when it starts, not only when it reaches its own export."""
+    import pipeline.pretrain.pretrain as pretrain
+
+    left = world / "models" / ".pretrain.k1ll3d.tmp"
+    left.mkdir(parents=True)
+    write_marker(left, "pretrain")
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    at_training = []
+    monkeypatch.setattr(pretrain, "train_rank", lambda params, plan: at_training.append(left.exists()))
+    try:
+        pretrain.run(params_for(world, "model.preset=tiny", "pretrain.steps=2", "pretrain.first_phase_steps=0"))
+        assert at_training == [False]
+    finally:
+        _cleanup(left)

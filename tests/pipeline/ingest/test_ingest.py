@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers.disk_full import fill_disk_at
 from helpers.source_fixtures import fixture_overrides
 from pipeline.ingest.ingest import SeenKeys, ingest_dataset, run
 from pipeline.ingest.manifest import REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
@@ -243,3 +244,43 @@ def test_mini_world_manifests_follow_the_contract(mini):
     assert set(coco["split"].to_pylist()) <= {"train", "restval", "val", "test"}
     cc = pq.read_table(results["cc"].manifest_path).to_pylist()
     assert all(r["image_id"] == hashlib.sha1(r["url"].encode()).hexdigest() for r in cc)
+
+
+@pytest.mark.parametrize("marker", ["coco.rejects.parquet", "coco._run.json"])
+def test_ingest_on_a_full_disk_replaces_all_its_outputs_or_none(params, monkeypatch, marker):
+    """A full disk at any of ingest's three outputs leaves the previous outputs as they were (none
+    on a first run), never new manifests without their run record; the error is one line naming
+    the file. (The manifests used to be renamed into place before the run record was written.)"""
+    from pipeline.common.failures import MACHINE_STATE, describe
+
+    out = Path(params.paths.data) / "manifests"
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())} if out.is_dir() else {}
+
+    strict = dataclasses.replace(params, ingest=dataclasses.replace(params.ingest, check_images=True))
+    loose = dataclasses.replace(params, ingest=dataclasses.replace(params.ingest, check_images=False))
+    for before in ({}, "a finished run"):
+        if before:
+            ingest_dataset(strict, "coco", progress=False)
+            before = files()
+        with monkeypatch.context() as patch:
+            fill_disk_at(patch, marker)
+            with pytest.raises(OSError) as info:
+                ingest_dataset(loose, "coco", progress=False)  # other rows, so other bytes
+        status, line = describe(info.value)
+        assert status == MACHINE_STATE and marker in line and "\n" not in line, line
+        assert files() == before, sorted(files())
+    ingest_dataset(loose, "coco", progress=False)
+    assert files()["coco.parquet"] != before["coco.parquet"]  # the failed run would have changed it
+
+
+@pytest.mark.parametrize("output", ["coco._run.json", "coco.rejects.parquet"])
+def test_a_directory_in_place_of_an_output_is_refused_before_the_work(params, output):
+    from pipeline.common.ownership import ForeignDirectoryError
+
+    target = Path(params.paths.data) / "manifests" / output
+    (target / "sub").mkdir(parents=True)
+    with pytest.raises(ForeignDirectoryError, match=str(target)):
+        ingest_dataset(params, "coco", progress=False)
+    assert (target / "sub").is_dir() and not (target.parent / "coco.parquet").exists()

@@ -191,6 +191,20 @@ def test_bad_params_are_named(data):
         run(params_for(data.parent / "nothing", *FAST, "pretrain.datasets=outdomain"))
 
 
+def test_a_full_disk_at_the_export_is_one_line_and_leaves_no_model(data, monkeypatch):
+    from helpers.disk_full import fill_disk_at
+    from pipeline.common.failures import MACHINE_STATE, describe
+    from pipeline.pretrain.pretrain import run
+
+    fill_disk_at(monkeypatch, "model.safetensors")
+    with pytest.raises(OSError) as info:
+        run(params_for(data, *FAST, "pretrain.steps=2", "pretrain.val_every=0", "pretrain.checkpoint_every=0",
+                       "pretrain.out_name=full_disk"))
+    status, line = describe(info.value)
+    assert status == MACHINE_STATE and line.startswith(f"disk full: {data}/models/.full_disk.") and "\n" not in line
+    assert not list((data / "models").glob("*full_disk*"))  # neither the model nor its temporary directory
+
+
 # ------------------------------------------------------------------------------------------
 # the CLI in subprocesses (slow)
 

@@ -16,11 +16,12 @@ from safetensors.numpy import load_file
 from safetensors import safe_open
 
 from helpers.dbs_synthetic import ROOT, write_world, params_for
+from helpers.disk_full import fill_disk_at
 from pipeline.common.ownership import OWNER_FILE
 from pipeline.stores.build_dbs import run
 from pipeline.stores.db_cli import main as db_main
 from pipeline.stores.readers import ImageDb, TextDb
-from pipeline.stores.text_db_builder import pretrain_specs
+from pipeline.stores.text_db_builder import pretrain_specs, text_db_names
 from pipeline.stores.tokenization import WordPieceTokenizer, default_vocab_path
 from pipeline.stores.vqa_answers import answer_score, normalize_answer
 
@@ -69,6 +70,8 @@ def test_every_db_and_side_file_is_written(built):
         assert {"_run.json", "data.mdb", "meta.json", "id2len.json", "txt2img.json", "img2txts.json"} <= files
         assert counts["txt"][name]["examples"] == len(TextDb(data / "db" / "txt" / name))
     assert (data / "db" / "img" / "_run.json").is_file() and (data / "db" / "txt" / "_run.json").is_file()
+    params = params_for(data, *OVERRIDES)  # the preflight's list is the list of what is written
+    assert set(text_db_names(params.ingest.datasets, pretrain=True)) == TEXT_DBS == set(counts["txt"])
 
 
 def test_image_dbs_round_trip_the_shards_exactly(built):
@@ -251,6 +254,24 @@ def test_failure_during_a_text_db_keeps_the_previous_db_and_image_dbs_are_reused
     assert files_below(data / "db") == before  # the DB being rebuilt was replaced by nothing half-done
     assert not list((data / "db" / "txt").glob(".*"))
     assert (data / "db" / "img" / "coco" / "data.mdb").stat().st_mtime_ns == mtime  # up to date: not rebuilt
+
+
+def test_a_full_disk_in_a_text_db_is_one_line_and_keeps_the_previous_db(built, tmp_path, monkeypatch):
+    from pipeline.common.failures import MACHINE_STATE, describe
+
+    data = tmp_path / "data"
+    write_world(data)
+    run(params_for(data, *OVERRIDES))
+    before = files_below(data / "db")
+    target = data / "db" / "txt" / "vqa_val"
+    with monkeypatch.context() as patch:
+        fill_disk_at(patch, f"/.{target.name}.")  # a file inside the DB's temporary directory
+        with pytest.raises(OSError) as info:
+            run(params_for(data, *OVERRIDES))
+    status, line = describe(info.value)
+    assert status == MACHINE_STATE and line.startswith(f"disk full: {data}/db/txt/.vqa_val.") and "\n" not in line
+    assert files_below(data / "db") == before
+    assert not list((data / "db" / "txt").glob(".*"))
 
 
 def test_db_cli_inspect_and_stats(built, capsys):
