@@ -434,10 +434,11 @@ def test_top_up_val_never_takes_more_than_half_the_train_images(caplog):
     assert out.column("split").to_pylist().count("val") == 5 and "min_val_images=60" in caplog.text
 
 
-@pytest.mark.parametrize("batch_rows", [7, 1 << 20])
-def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_rows):
+@pytest.mark.parametrize("batch_rows, workers", [(7, 1), (7, 2), (1 << 20, 2)])
+def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_rows, workers):
     """decontaminate_streamed (record batches, sorted runs merged) against decontaminate_dataset (the whole
-    table): the same clean parquet bytes and the same report, also when every batch is a few rows."""
+    table): the same clean parquet bytes and the same report, also when every batch is a few rows and
+    batches run on two threads."""
     from pipeline.decontam.eval_set import EvalIndex, read_eval_images
 
     w, data, _ = world
@@ -452,7 +453,7 @@ def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_ro
         runs = tmp_path / f"{dataset}.runs"
         runs.mkdir()
         streamed = decontaminate.decontaminate_streamed(dataset, path, rejects, index, tmp_path / f"{dataset}.parquet",
-                                                        runs, finder=None, batch_rows=batch_rows)
+                                                        runs, finder=None, batch_rows=batch_rows, workers=workers)
         assert streamed.report == whole.report and streamed.samples == whole.samples
         assert (tmp_path / f"{dataset}.parquet").read_bytes() == (tmp_path / f"{dataset}.whole.parquet").read_bytes()
         assert whole.report["removed_rows"] > 0 or dataset == "vg"
@@ -478,3 +479,13 @@ def test_merge_runs_orders_rows_across_runs_with_small_buffers(tmp_path):
         key_runs.append(keys / f"k{k}.arrow")
         streamed._write_run(pa.table({"key": sorted(chunk)}), key_runs[-1], 64)
     assert streamed.count_distinct_runs(key_runs) == len(ids)
+
+
+def test_sorted_distinct_equals_sorted_set_with_shared_prefixes_and_ties():
+    from pipeline.decontam.streamed import sorted_distinct
+
+    rng = np.random.default_rng(1)
+    # long shared prefixes (equal 64-bit keys, told apart by the full strings) and repeats
+    values = [f"cc:{'ab' * 6}{v:04d}" for v in rng.integers(0, 300, 2000)] + ["", "z", "z", "cc:"]
+    assert sorted_distinct(pa.array(values, pa.string())).to_pylist() == sorted(set(values))
+    assert sorted_distinct(pa.array([], pa.string())).to_pylist() == []
