@@ -173,7 +173,8 @@ class _Done:
 
 
 def _match_batches(pf: pq.ParquetFile, prefix: str, index: EvalIndex, finder: NearDuplicateFinder | None,
-                   workers: int, tmp_dir: Path, batch_rows: int, desc: str) -> tuple[dict[str, ImageMatch], list, list, int]:
+                   workers: int, tmp_dir: Path, batch_rows: int,
+                   desc: str) -> tuple[dict[str, ImageMatch], list, list, int]:
     """Pass 1: (matches, run files, key run files, rows read).
 
     With a finder the batches run one after the other: pHash forks worker processes, which must
@@ -194,7 +195,7 @@ def _match_batches(pf: pq.ParquetFile, prefix: str, index: EvalIndex, finder: Ne
 
     pool = ThreadPoolExecutor(threads) if threads > 1 else None  # no thread at all beside pHash's forks
     try:
-        for i, batch in enumerate(pf.iter_batches(batch_size=batch_rows)):
+        for i, batch in enumerate(pf.iter_batches(batch_size=batch_rows, use_threads=threads == 1)):
             table = pa.Table.from_batches([batch])
             rows_in += table.num_rows
             rows = string_columns(table, IMAGE_COLUMNS)
@@ -235,7 +236,9 @@ class _GroupWriter:
         table = pa.concat_tables(self._pending)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
-        self._writer.write_table(table.slice(0, n), row_group_size=ROW_GROUP)
+        # one chunk per column, as write_parquet's table has: the writer's page and dictionary
+        # boundaries follow the input's chunks, so pieces would give other bytes for the same rows
+        self._writer.write_table(table.slice(0, n).combine_chunks(), row_group_size=ROW_GROUP)
         rest = table.slice(n)
         self._pending, self._rows = ([rest] if rest.num_rows else []), rest.num_rows
 

@@ -489,3 +489,37 @@ def test_sorted_distinct_equals_sorted_set_with_shared_prefixes_and_ties():
     values = [f"cc:{'ab' * 6}{v:04d}" for v in rng.integers(0, 300, 2000)] + ["", "z", "z", "cc:"]
     assert sorted_distinct(pa.array(values, pa.string())).to_pylist() == sorted(set(values))
     assert sorted_distinct(pa.array([], pa.string())).to_pylist() == []
+
+
+def test_streamed_gives_the_in_memory_bytes_when_columns_span_many_pages(tmp_path, monkeypatch):
+    """A manifest whose columns fill several parquet pages: the streamed row groups, assembled from
+    merge rounds (small ones here, as a manifest of many runs has), must be written as the in-memory
+    table is (one chunk a column), or the writer's page boundaries, and so the bytes, differ."""
+    from pipeline.decontam import streamed as streamed_module
+    from pipeline.decontam.eval_set import EVAL_COLUMNS, EvalIndex
+
+    monkeypatch.setattr(streamed_module, "MERGE_BUDGET", 3_000)
+    rng = np.random.default_rng(3)
+    n = 60_000
+    raw = rng.bytes(20 * n).hex()
+    ids = [raw[40 * i:40 * (i + 1)] for i in range(n)]  # as ingest's sha1 ids: in no order
+    urls = [f"https://img.example.com/{i % 97}/{h[:12]}.jpg" for i, h in enumerate(ids)]
+    manifest = pa.table({"example_id": [f"cc:{h}" for h in ids], "dataset": ["cc"] * n, "split": ["train"] * n,
+                         "image_source": ["cc"] * n, "image_id": ids, "image_path": [f"cc/{h}.jpg" for h in ids],
+                         "url": urls, "text": [f"caption {v}" for v in rng.integers(0, 10**9, n)]})
+    path, rejects = tmp_path / "cc.parquet", tmp_path / "cc.rejects.parquet"
+    pq.write_table(manifest, path, row_group_size=25_000)
+    pq.write_table(pa.table({"reason": pa.array([], pa.string())}), rejects)
+    evals = {c: [None, None] for c in EVAL_COLUMNS} | {"ref": ["coco/test/1", "coco/test/2"],
+                                                        "image_source": ["coco", "coco"], "image_id": ["1", "2"],
+                                                        "url": [urls[5], urls[40_000]]}
+    index = EvalIndex.build(pa.table({c: pa.array(v, pa.string()) for c, v in evals.items()}))
+    whole = decontaminate.decontaminate_dataset("cc", manifest, pq.read_table(rejects), index, finder=None)
+    decontaminate.write_parquet(whole.clean, tmp_path / "whole.parquet")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    streamed = decontaminate.decontaminate_streamed("cc", path, rejects, index, tmp_path / "streamed.parquet", runs,
+                                                    finder=None, batch_rows=7_000, workers=2)
+    assert streamed.report == whole.report and whole.report["removed_rows"] == 2
+    assert pq.ParquetFile(tmp_path / "whole.parquet").metadata.row_group(0).column(0).total_compressed_size > 1 << 20
+    assert (tmp_path / "streamed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
