@@ -6,19 +6,26 @@ parquet bytes, the same report), for manifests of any length (CC12M- or LAION-si
 1. **One read of the manifest**, ``batch_rows`` rows at a time: each batch's identity keys are
    looked up in the eval index (and, with a finder, its images' pHashes compared), the matches of
    every image are kept (a few per thousand images); the batch, sorted by ``example_id``, is
-   written to a temporary run file, and its distinct image keys, sorted, to a key run.
+   written to a temporary run file, and its distinct image keys, sorted, to a key run. Without a
+   finder, ``workers`` threads take batches while the next one is read (Arrow's kernels, the
+   parquet reader and the run writer release the GIL); matches are merged in batch order.
 2. **A merge of the runs** by ``example_id`` (:func:`merge_runs`: each round takes from every run
    the rows up to the smallest of their buffered last ids, so a round holds at most one buffer per
    run): rows of a matched image are dropped (and collected for the report), the others get their
    pretraining split and are written in row groups of :data:`ROW_GROUP` rows, as ``write_parquet``
-   writes them. The key runs are merged the same way to count the distinct images exactly.
+   writes them, by a second thread while the next round is merged. The key runs are merged the
+   same way, on a third thread, to count the distinct images exactly.
 
-The temporary files lie in ``tmp_dir`` (on the same disk as the output: about the manifest's size).
+Memory is bounded by ``batch_rows`` (times the batches in flight) and :data:`MERGE_BUDGET`, not by
+the manifest's length; what grows is what the report lists (one entry per removed image).
+
+The temporary files lie in ``tmp_dir`` (on the same disk as the output: about the manifest's parquet size).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -32,10 +39,12 @@ from pipeline.decontam.eval_set import IMAGE_COLUMNS, KEY_SEP, EvalIndex, image_
 from pipeline.decontam.splits import pretrain_split
 from pipeline.decontam.matching import ImageMatch, NearDuplicateFinder, find_key_matches, image_paths
 
-BATCH_ROWS = 1 << 20  # rows read, matched and sorted at once: the memory bound
+BATCH_ROWS = 1 << 19  # rows read, matched and sorted at once (per worker thread): the memory bound
 ROW_GROUP = 1 << 20  # the clean parquet's row groups (decontaminate.write_parquet's)
-MERGE_BUDGET = 1 << 20  # rows the merge buffers over all runs (each run file is written in batches of its share)
-_RUN_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+MERGE_BUDGET = 1 << 19  # rows the merge buffers over all runs (each run file is written in batches of its share)
+# zstd level 1: 0.39x the raw bytes (lz4: 0.70x) for ~0.1 CPU-s more per 1M rows each way; at web scale
+# the run files outgrow the page cache and the disk, not the CPU, bounds the passes (docs/decisions.md)
+_RUN_OPTIONS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
 @dataclass
@@ -121,39 +130,97 @@ def merge_runs(paths: list[Path], column: str) -> Iterator[pa.Table]:
         yield merged
 
 
+def sorted_distinct(values: pa.Array) -> pa.Array:
+    """The distinct strings of ``values`` (no nulls), ascending: a sort of 64-bit prefix keys and a
+    compare of neighbours, several times cheaper than hashing every string (``pc.unique``)."""
+    values = values.take(pa.array(sort_indices(values))) if len(values) > 1 else values
+    if len(values) < 2:
+        return values
+    changed = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
+    return values.filter(pa.concat_arrays([pa.array([True]), changed]))
+
+
+def _merge_matches(matches: dict[str, ImageMatch], found: dict[str, ImageMatch], near: dict[str, set[str]]) -> None:
+    for key, match in found.items():
+        into = matches.setdefault(key, ImageMatch())
+        into.reasons |= match.reasons
+        into.refs |= match.refs
+    for key, refs in near.items():
+        into = matches.setdefault(key, ImageMatch())
+        into.reasons.add("near_duplicate")
+        into.refs.update(refs)
+
+
+def _spill(i: int, table: pa.Table, rows: pa.Table, prefix: str, index: EvalIndex, tmp_dir: Path,
+           chunk_rows: int) -> tuple[dict[str, ImageMatch], Path, Path]:
+    """One batch: (its key matches, its run file sorted by example_id, its sorted distinct image keys' file)."""
+    keys = _row_keys(rows, prefix)
+    found = find_key_matches(rows, index, workers=1, row_keys=(keys, prefix))
+    run, key_run = tmp_dir / f"run{i:05d}.arrow", tmp_dir / f"keys{i:05d}.arrow"
+    _write_run(table.take(pa.array(sort_indices(table.column("example_id")))), run, chunk_rows)
+    _write_run(pa.table({"key": sorted_distinct(keys.drop_null())}), key_run, chunk_rows)
+    return found, run, key_run
+
+
+class _Done:
+    """A finished result with a future's ``result()``."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
 def _match_batches(pf: pq.ParquetFile, prefix: str, index: EvalIndex, finder: NearDuplicateFinder | None,
-                   workers: int, tmp_dir: Path, batch_rows: int, desc: str) -> tuple[dict[str, ImageMatch], list, list, int]:
-    """Pass 1: (matches, run files, key run files, rows read)."""
+                   workers: int, tmp_dir: Path, batch_rows: int,
+                   desc: str) -> tuple[dict[str, ImageMatch], list, list, int]:
+    """Pass 1: (matches, run files, key run files, rows read).
+
+    With a finder the batches run one after the other: pHash forks worker processes, which must
+    not happen while another thread runs (and hashing images, not this, is then what takes the time).
+    """
     matches: dict[str, ImageMatch] = {}
     runs, key_runs, rows_in = [], [], 0
     chunk_rows = max(1024, MERGE_BUDGET // max(1, -(-pf.metadata.num_rows // batch_rows)))  # share per run
-    for i, batch in enumerate(pf.iter_batches(batch_size=batch_rows)):
-        table = pa.Table.from_batches([batch])
-        rows_in += table.num_rows
-        rows = string_columns(table, IMAGE_COLUMNS)
-        keys = _row_keys(rows, prefix)
-        # pHash first: its worker processes are forked while this process runs no other thread
-        near = finder.find(*image_paths(rows), desc=f"{desc} batch {i}") if finder is not None else {}
-        for key, match in find_key_matches(rows, index, workers=workers, row_keys=(keys, prefix)).items():
-            found = matches.setdefault(key, ImageMatch())
-            found.reasons |= match.reasons
-            found.refs |= match.refs
-        for key, refs in near.items():
-            found = matches.setdefault(key, ImageMatch())
-            found.reasons.add("near_duplicate")
-            found.refs.update(refs)
-        runs.append(tmp_dir / f"run{i:05d}.arrow")
-        _write_run(table.take(pa.array(sort_indices(table.column("example_id")))), runs[-1], chunk_rows)
-        distinct = pc.unique(keys.drop_null())
-        key_runs.append(tmp_dir / f"keys{i:05d}.arrow")
-        _write_run(pa.table({"key": distinct.take(pa.array(sort_indices(distinct)))}), key_runs[-1], chunk_rows)
-        del table, rows, keys, batch
+    threads = 1 if finder is not None else max(1, workers)
+    pending: deque = deque()  # (future, near matches) in batch order: matches merge in that order
+
+    def collect() -> None:
+        future, near = pending.popleft()
+        found, run, key_run = future.result()
+        _merge_matches(matches, found, near)
+        runs.append(run)
+        key_runs.append(key_run)
+
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None  # no thread at all beside pHash's forks
+    try:
+        for i, batch in enumerate(pf.iter_batches(batch_size=batch_rows, use_threads=threads == 1)):
+            table = pa.Table.from_batches([batch])
+            rows_in += table.num_rows
+            rows = string_columns(table, IMAGE_COLUMNS)
+            near = finder.find(*image_paths(rows), desc=f"{desc} batch {i}") if finder is not None else {}
+            args = (i, table, rows, prefix, index, tmp_dir, chunk_rows)
+            pending.append((pool.submit(_spill, *args) if pool else _Done(_spill(*args)), near))
+            del table, rows, batch, args
+            while len(pending) >= threads:  # at most `threads` batches held besides the one being read
+                collect()
+        while pending:
+            collect()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return matches, runs, key_runs, rows_in
 
 
 def count_distinct_runs(paths: list[Path]) -> int:
-    """Distinct keys over key runs (each sorted and distinct): a round's keys appear in no other round."""
-    return sum(pc.count_distinct(t.column("key")).as_py() for t in merge_runs(paths, "key"))
+    """Distinct keys over key runs (each sorted and distinct): a round's keys appear in no other round,
+    and within a round (sorted) equal keys are neighbours."""
+    distinct = 0
+    for table in merge_runs(paths, "key"):
+        keys = table.column("key").combine_chunks()
+        distinct += 1 + int(pc.sum(pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py() or 0)
+    return distinct
 
 
 class _GroupWriter:
@@ -169,7 +236,9 @@ class _GroupWriter:
         table = pa.concat_tables(self._pending)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
-        self._writer.write_table(table.slice(0, n), row_group_size=ROW_GROUP)
+        # one chunk per column, as write_parquet's table has: the writer's page and dictionary
+        # boundaries follow the input's chunks, so pieces would give other bytes for the same rows
+        self._writer.write_table(table.slice(0, n).combine_chunks(), row_group_size=ROW_GROUP)
         rest = table.slice(n)
         self._pending, self._rows = ([rest] if rest.num_rows else []), rest.num_rows
 
@@ -206,22 +275,32 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
     split_at = schema.get_field_index("split")
     writer = _GroupWriter(out_path, schema)
     removed_parts, removed_key_parts, kept = [], [], 0
-    for table in merge_runs(runs, "example_id"):
-        keys = _row_keys(string_columns(table, ("image_source", "image_id")), prefix)
-        removed = pc.fill_null(pc.is_in(keys, value_set=removed_keys), False)
-        if pc.any(removed).as_py():
-            removed_parts.append(string_columns(table.filter(removed), ("image_id", "url", "image_path")))
-            removed_key_parts.append(keys.filter(removed))
-            table = table.filter(pc.invert(removed))
-        table = table.set_column(split_at, schema.field(split_at),
-                                 pretrain_split(table, dataset, val_coco_ids=val_coco_ids))
-        kept += table.num_rows
-        writer.write(table)
-    writer.close()
+    # two threads beside this one: the key runs' count, and the parquet writer (one write at a time)
+    with ThreadPoolExecutor(2) as pool:
+        input_images = pool.submit(count_distinct_runs, key_runs)
+        written = None
+        for table in merge_runs(runs, "example_id"):
+            keys = _row_keys(string_columns(table, ("image_source", "image_id")), prefix)
+            removed = pc.fill_null(pc.is_in(keys, value_set=removed_keys), False)
+            if pc.any(removed).as_py():
+                removed_parts.append(string_columns(table.filter(removed), ("image_id", "url", "image_path")))
+                removed_key_parts.append(keys.filter(removed))
+                table = table.filter(pc.invert(removed))
+            table = table.set_column(split_at, schema.field(split_at),
+                                     pretrain_split(table, dataset, val_coco_ids=val_coco_ids))
+            kept += table.num_rows
+            if written is not None:
+                written.result()
+            written = pool.submit(writer.write, table)
+            del table
+        if written is not None:
+            written.result()
+        writer.close()
+        input_images = input_images.result()
     removed_rows = (pa.concat_tables(removed_parts) if removed_parts
                     else pa.table({c: pa.array([], pa.string()) for c in ("image_id", "url", "image_path")}))
     removed_key_array = pa.concat_arrays(removed_key_parts) if removed_key_parts else pa.array([], pa.string())
-    return StreamedResult(matches, rows_in, count_distinct_runs(key_runs), kept, removed_rows.num_rows,
+    return StreamedResult(matches, rows_in, input_images, kept, removed_rows.num_rows,
                           removed_rows, removed_key_array, prefix)
 
 

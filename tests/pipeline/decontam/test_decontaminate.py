@@ -434,10 +434,11 @@ def test_top_up_val_never_takes_more_than_half_the_train_images(caplog):
     assert out.column("split").to_pylist().count("val") == 5 and "min_val_images=60" in caplog.text
 
 
-@pytest.mark.parametrize("batch_rows", [7, 1 << 20])
-def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_rows):
+@pytest.mark.parametrize("batch_rows, workers", [(7, 1), (7, 2), (1 << 20, 2)])
+def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_rows, workers):
     """decontaminate_streamed (record batches, sorted runs merged) against decontaminate_dataset (the whole
-    table): the same clean parquet bytes and the same report, also when every batch is a few rows."""
+    table): the same clean parquet bytes and the same report, also when every batch is a few rows and
+    batches run on two threads."""
     from pipeline.decontam.eval_set import EvalIndex, read_eval_images
 
     w, data, _ = world
@@ -452,7 +453,7 @@ def test_streamed_gives_the_in_memory_bytes_and_report(world, tmp_path, batch_ro
         runs = tmp_path / f"{dataset}.runs"
         runs.mkdir()
         streamed = decontaminate.decontaminate_streamed(dataset, path, rejects, index, tmp_path / f"{dataset}.parquet",
-                                                        runs, finder=None, batch_rows=batch_rows)
+                                                        runs, finder=None, batch_rows=batch_rows, workers=workers)
         assert streamed.report == whole.report and streamed.samples == whole.samples
         assert (tmp_path / f"{dataset}.parquet").read_bytes() == (tmp_path / f"{dataset}.whole.parquet").read_bytes()
         assert whole.report["removed_rows"] > 0 or dataset == "vg"
@@ -478,3 +479,47 @@ def test_merge_runs_orders_rows_across_runs_with_small_buffers(tmp_path):
         key_runs.append(keys / f"k{k}.arrow")
         streamed._write_run(pa.table({"key": sorted(chunk)}), key_runs[-1], 64)
     assert streamed.count_distinct_runs(key_runs) == len(ids)
+
+
+def test_sorted_distinct_equals_sorted_set_with_shared_prefixes_and_ties():
+    from pipeline.decontam.streamed import sorted_distinct
+
+    rng = np.random.default_rng(1)
+    # long shared prefixes (equal 64-bit keys, told apart by the full strings) and repeats
+    values = [f"cc:{'ab' * 6}{v:04d}" for v in rng.integers(0, 300, 2000)] + ["", "z", "z", "cc:"]
+    assert sorted_distinct(pa.array(values, pa.string())).to_pylist() == sorted(set(values))
+    assert sorted_distinct(pa.array([], pa.string())).to_pylist() == []
+
+
+def test_streamed_gives_the_in_memory_bytes_when_columns_span_many_pages(tmp_path, monkeypatch):
+    """A manifest whose columns fill several parquet pages: the streamed row groups, assembled from
+    merge rounds (small ones here, as a manifest of many runs has), must be written as the in-memory
+    table is (one chunk a column), or the writer's page boundaries, and so the bytes, differ."""
+    from pipeline.decontam import streamed as streamed_module
+    from pipeline.decontam.eval_set import EVAL_COLUMNS, EvalIndex
+
+    monkeypatch.setattr(streamed_module, "MERGE_BUDGET", 3_000)
+    rng = np.random.default_rng(3)
+    n = 60_000
+    raw = rng.bytes(20 * n).hex()
+    ids = [raw[40 * i:40 * (i + 1)] for i in range(n)]  # as ingest's sha1 ids: in no order
+    urls = [f"https://img.example.com/{i % 97}/{h[:12]}.jpg" for i, h in enumerate(ids)]
+    manifest = pa.table({"example_id": [f"cc:{h}" for h in ids], "dataset": ["cc"] * n, "split": ["train"] * n,
+                         "image_source": ["cc"] * n, "image_id": ids, "image_path": [f"cc/{h}.jpg" for h in ids],
+                         "url": urls, "text": [f"caption {v}" for v in rng.integers(0, 10**9, n)]})
+    path, rejects = tmp_path / "cc.parquet", tmp_path / "cc.rejects.parquet"
+    pq.write_table(manifest, path, row_group_size=25_000)
+    pq.write_table(pa.table({"reason": pa.array([], pa.string())}), rejects)
+    evals = {c: [None, None] for c in EVAL_COLUMNS} | {"ref": ["coco/test/1", "coco/test/2"],
+                                                        "image_source": ["coco", "coco"], "image_id": ["1", "2"],
+                                                        "url": [urls[5], urls[40_000]]}
+    index = EvalIndex.build(pa.table({c: pa.array(v, pa.string()) for c, v in evals.items()}))
+    whole = decontaminate.decontaminate_dataset("cc", manifest, pq.read_table(rejects), index, finder=None)
+    decontaminate.write_parquet(whole.clean, tmp_path / "whole.parquet")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    streamed = decontaminate.decontaminate_streamed("cc", path, rejects, index, tmp_path / "streamed.parquet", runs,
+                                                    finder=None, batch_rows=7_000, workers=2)
+    assert streamed.report == whole.report and whole.report["removed_rows"] == 2
+    assert pq.ParquetFile(tmp_path / "whole.parquet").metadata.row_group(0).column(0).total_compressed_size > 1 << 20
+    assert (tmp_path / "streamed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
