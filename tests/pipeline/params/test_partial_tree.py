@@ -93,3 +93,27 @@ def test_an_item_left_out_of_the_params_is_still_checked(only_cc):
     with pytest.raises(ParamsError, match=r"sources.vcr.image_root: .*needed by extract@vcr"):
         load_params(params, ["extract.sources=[cc]"], command="extract", item="vcr")
     load_params(params, command="ingest", item="no_such_dataset")  # the stage names the dataset it does not know
+
+
+@pytest.mark.parametrize("key, make", [
+    ("sources.cc.val_tsv", lambda cc: _replace(cc / "Validation_GCC-1.1.0-Validation.tsv", "dir")),
+    ("sources.cc.image_root", lambda cc: _replace(cc / "images", "file")),
+])
+def test_a_path_of_the_wrong_kind_is_refused_before_any_work(only_cc, capsys, key, make):
+    """A directory where a file is read (a download unpacked into a folder of the file's name) was a
+    traceback; an image root that is a file made every row a missing_image with exit status 0."""
+    params, datasets, data = only_cc
+    path = make(datasets / "cc")
+    assert main(["ingest", "cc", "--params", str(params)]) == 2
+    want = "a directory, expected a file" if key.endswith("tsv") else "not a directory"
+    assert f"{key}: {want}: {path} (needed by ingest@cc)" in capsys.readouterr().err
+    assert not (data / "manifests").exists()
+
+
+def _replace(path, kind: str):
+    """Put a directory (``dir``) or an empty file (``file``) where ``path`` was."""
+    import shutil
+
+    (shutil.rmtree if path.is_dir() else path.unlink)(path)
+    path.mkdir() if kind == "dir" else path.write_bytes(b"")
+    return path
