@@ -13,7 +13,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from pipeline.common.progress import track
 from pipeline.params.world import SourcesConfig
@@ -288,12 +288,24 @@ def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
     return value
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def skip_bom(fh: BinaryIO) -> BinaryIO:
+    """``fh`` (a file opened ``rb``) past a UTF-8 byte order mark at its start, if it has one: an
+    editor's or spreadsheet's "UTF-8 text" begins with one, which is no part of line 1's text."""
+    if fh.read(len(UTF8_BOM)) != UTF8_BOM:
+        fh.seek(0)
+    return fh
+
+
 def iter_lines(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, line bytes without the line ending) of a file, with a byte progress bar."""
+    """(1-based line number, line bytes without the line ending) of a file (a leading UTF-8 byte order
+    mark left out), with a byte progress bar."""
     path = Path(path)
     with path.open("rb") as fh, ctx.bar(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc) as bar:
         lineno = 0
-        for lineno, line in enumerate(fh, 1):
+        for lineno, line in enumerate(skip_bom(fh), 1):
             if not lineno & 0xFFFF:
                 bar.update(fh.tell() - bar.n)
             yield lineno, line.rstrip(b"\r\n")
