@@ -23,7 +23,8 @@ from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import feature_db_name, nbb_file_name, release_json
-from pipeline.stores.uniter_release.images import STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db
+from pipeline.stores.uniter_release.images import (STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db,
+                                                   lmdb_problem)
 from pipeline.stores.uniter_release.layout import (IMAGE_DIRS, NOT_CONVERTED_IMAGE_DIRS, NOT_CONVERTED_TEXT_DBS,
                                                    TEXT_SOURCES, TEXT_TARGETS)
 from pipeline.stores.uniter_release.texts import check_tokenizer, convert_text_db, release_ids
@@ -122,6 +123,8 @@ def preflight(params: Params) -> _Plan:
                             f"set build_dbs.uniter_release.conf_th, max_bb, min_bb to match")
         elif (bad := _nbb_problem(found)) is not None:
             problems.append(f"{d / nbb_file_name(rule.conf_th, rule.max_bb, rule.min_bb)}: {bad}")
+        elif (bad := lmdb_problem(found.lmdb_path)) is not None:
+            problems.append(bad)
         else:
             plan.image_groups.setdefault(IMAGE_DIRS[d.name], []).append(found)
     for p in sorted(release_txt.glob("*.db")) if release_txt.is_dir() else []:
@@ -133,6 +136,8 @@ def preflight(params: Params) -> _Plan:
             unknown.append(f"txt_db/{p.name}")
         elif not (p / "data.mdb").is_file():
             problems.append(f"{p}: no data.mdb (an unfinished download or extraction?)")
+        elif (bad := lmdb_problem(p)) is not None:
+            problems.append(bad)
         else:
             plan.text_sources[name] = p
     if unknown:

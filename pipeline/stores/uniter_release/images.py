@@ -85,6 +85,16 @@ def _open(path: Path) -> lmdb.Environment:
     return lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1)
 
 
+def lmdb_problem(path: Path) -> str | None:
+    """Why the release LMDB directory ``path`` cannot be opened read-only (a data.mdb cut short or
+    overwritten), or None."""
+    try:
+        _open(path).close()
+    except lmdb.Error as err:
+        return f"{path}: not a readable LMDB ({str(err).removeprefix(f'{path}: ')}); download or extract it again"
+    return None
+
+
 def _num_bb(db: ReleaseImageDb, fname: str, fields: dict[str, np.ndarray], rule: Rule) -> tuple[int, str]:
     """(regions to keep, where the count came from): the nbb file, or the rule where the release has none."""
     if db.nbb is None:

@@ -88,3 +88,16 @@ def test_the_undamaged_release_imports_and_a_byte_order_mark_is_no_damage(tmp_pa
         path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     assert _import(sets) == 0
     assert (tmp_path / "data" / "db" / "txt" / "vqa_val" / "data.mdb").is_file()
+
+
+@pytest.mark.parametrize("db", ["img_db/coco_val2014/" + writers.FEAT + "_compressed", "txt_db/pretrain_coco_val.db"])
+@pytest.mark.parametrize("content", [b"", b"\0" * 4096])
+def test_a_data_mdb_that_is_no_lmdb_is_named_before_anything_is_written(tmp_path, capsys, db, content):
+    """A data.mdb cut to nothing or overwritten was an lmdb.Error traceback, raised after the
+    staging folder was made (and, for a text DB, after the image DB was converted)."""
+    root, sets = _release(tmp_path)
+    (root / db / "data.mdb").write_bytes(content)
+    assert _import(sets) == 2
+    err = capsys.readouterr().err
+    assert f"{root / db}: not a readable LMDB" in err and "Traceback" not in err
+    assert not (tmp_path / "data" / "db").exists()
