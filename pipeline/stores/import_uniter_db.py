@@ -245,19 +245,19 @@ def run(params: Params) -> dict[str, Any]:
         _publish(staging / "txt", txt_root, sorted(n for n, e in txt_report.items() if e["written"]))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for root, part in ((img_root, img_report), (txt_root, txt_report)):
-        summary = RunRecord(STAGE, digest)
-        summary.counts.update({n: e for n, e in part.items() if e["written"]})
-        summary.extra["uniter_release"] = str(rel.root)  # a record, not an input digest: the release is ~100 GB
-        root.mkdir(parents=True, exist_ok=True)
-        summary.write(root, require=[root / n / "data.mdb" for n in summary.counts])
     report = {"root": str(rel.root), "image_dbs": img_report, "text_dbs": txt_report}
     out = data / REPORT_DIR
     atomic_write_json(out / "report.json", report)
     atomic_write_bytes(out / "report.md", report_markdown(report).encode("utf-8"))
     n_img, n_txt = (sum(e["written"] for e in part.values()) for part in (img_report, txt_report))
     log.info("import_uniter_db: %d image DBs, %d text DBs written; report %s", n_img, n_txt, out)
-    if not n_img + n_txt:
+    if not n_img + n_txt:  # before the run records: an earlier import's DBs keep theirs
         raise SourceFormatError(f"import_uniter_db: no DB written from {rel.root}; {out / 'report.md'} says why "
                                 "for each release DB")
+    for root, part in ((img_root, img_report), (txt_root, txt_report)):
+        summary = RunRecord(STAGE, digest)
+        summary.counts.update({n: e for n, e in part.items() if e["written"]})
+        summary.extra["uniter_release"] = str(rel.root)  # a record, not an input digest: the release is ~100 GB
+        root.mkdir(parents=True, exist_ok=True)
+        summary.write(root, require=[root / n / "data.mdb" for n in summary.counts])
     return report

@@ -101,3 +101,20 @@ def test_a_data_mdb_that_is_no_lmdb_is_named_before_anything_is_written(tmp_path
     err = capsys.readouterr().err
     assert f"{root / db}: not a readable LMDB" in err and "Traceback" not in err
     assert not (tmp_path / "data" / "db").exists()
+
+
+def test_an_import_that_writes_no_db_leaves_the_earlier_run_records(tmp_path, capsys):
+    """A release whose every entry is skipped (here: the nbb file asks for more regions than stored)
+    is refused after writing its report; it also replaced data/db/{img,txt}/_run.json of the
+    earlier import, whose DBs it kept, with records of nothing."""
+    root, sets = _release(tmp_path)
+    assert _import(sets) == 0
+    db = tmp_path / "data" / "db"
+    before = {p: p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()}
+    name = writers.coco("val2014", 3)
+    (root / NBB).write_text(json.dumps({name: 10**6}))
+    assert _import(sets) == 2
+    assert "no DB written" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()} == before
+    report = json.loads((tmp_path / "data" / "reports" / "uniter_import" / "report.json").read_text())
+    assert report["image_dbs"]["coco"]["skipped"] == {"too_few_regions": 1}
