@@ -257,6 +257,23 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
 
 
+# the first bytes of a compressed file (a source kept as downloaded, or packed under its own name);
+# none is UTF-8 text a source could start with (bz2's "BZh9" is followed by its block magic)
+COMPRESSED = {"gzip": re.compile(rb"\x1f\x8b"), "bz2": re.compile(rb"BZh[1-9]1AY&SY"),
+              "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
+              "zip": re.compile(rb"PK\x03\x04")}
+HEAD_BYTES = 10  # enough for every magic above
+
+
+def refuse_compressed(path: Path, head: bytes) -> None:
+    """SourceFormatError when ``head`` (the first bytes of ``path``) starts like a compressed file:
+    read as text it would become a few undecodable rows, not the file's rows."""
+    for kind, magic in COMPRESSED.items():
+        if magic.match(head):
+            raise SourceFormatError(f"{path}: {kind}-compressed; decompress it and point sources at the "
+                                    "decompressed file")
+
+
 def load_json(path: Path) -> tuple[Any, bool]:
     """Load a single-document JSON file; returns (document, clean).
 
@@ -266,6 +283,7 @@ def load_json(path: Path) -> tuple[Any, bool]:
     nests deeper than the JSON parser goes (the one case a single row can fail a whole file).
     """
     data = Path(path).read_bytes()
+    refuse_compressed(path, data[:HEAD_BYTES])
     try:
         text, clean = data.decode("utf-8-sig"), True
     except UnicodeDecodeError:
@@ -293,9 +311,11 @@ UTF8_BOM = b"\xef\xbb\xbf"
 
 def skip_bom(fh: BinaryIO) -> BinaryIO:
     """``fh`` (a file opened ``rb``) past a UTF-8 byte order mark at its start, if it has one: an
-    editor's or spreadsheet's "UTF-8 text" begins with one, which is no part of line 1's text."""
-    if fh.read(len(UTF8_BOM)) != UTF8_BOM:
-        fh.seek(0)
+    editor's or spreadsheet's "UTF-8 text" begins with one, which is no part of line 1's text.
+    Raises SourceFormatError for a compressed file (:func:`refuse_compressed`)."""
+    head = fh.read(HEAD_BYTES)
+    refuse_compressed(Path(fh.name), head)
+    fh.seek(len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0)
     return fh
 
 

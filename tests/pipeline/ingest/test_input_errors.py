@@ -110,6 +110,32 @@ def test_a_byte_order_mark_changes_no_row(tmp_path, dataset):
     assert rejects[["locator", "reason"]].equals(plain_rejects[["locator", "reason"]])
 
 
+
+@pytest.mark.parametrize("dataset, key, pack", [
+    ("cc", "train_tsv", "gzip"), ("sbu", "captions", "bz2"), ("vcr", "val", "xz"), ("coco", "karpathy", "gzip")])
+def test_a_compressed_source_file_is_refused_naming_it(tmp_path, dataset, key, pack):
+    """A source kept compressed (``Train_GCC-training.tsv`` gzipped under its own name) was read as
+    text: a line file became a few non_utf8 / malformed_row rejects and the ingest exited 0."""
+    import bz2
+    import gzip
+    import lzma
+
+    from helpers.source_fixtures import ingest
+    from pipeline.params.parser import load_params
+
+    sets = [*fixture_overrides(tmp_path), "world=real"]
+    prefix = f"sources.{dataset}.{key}="
+    source = Path(next(s for s in sets if s.startswith(prefix))[len(prefix):])
+    packed = tmp_path / "packed" / source.name
+    packed.parent.mkdir()
+    packed.write_bytes({"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[pack](source.read_bytes()))
+    params = load_params(REPO / "params.yaml", [*sets, prefix + str(packed)])
+    with pytest.raises(SourceFormatError) as err:
+        ingest(params, dataset)
+    assert str(err.value).startswith(f"{packed}: {pack}-compressed; decompress it")
+    assert not (tmp_path / "data" / "manifests" / f"{dataset}.parquet").exists()
+
+
 # --------------------------------------------------------------------------------------------
 # torch checkpoints holding pickled Python objects
 
