@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.errors import DownloadError
 from pipeline.ingest.sources import load_reader
-from pipeline.common.source_records import ReadContext, Row
+from pipeline.common.source_records import ReadContext, Row, SourceFormatError
 from pipeline.ingest.sources.web_images import SHARD_RE
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,23 @@ RUN_FILE = f"{META_DIR}/_run.json"
 
 
 def url_list(params, dataset: str) -> pa.Table:
-    """``caption``, ``url`` of each row the reader accepts, first row per URL, in file order."""
+    """``caption``, ``url`` of each row the reader accepts, first row per URL, in file order.
+
+    Raises SourceFormatError when the reader accepts no row (nothing to fetch: the files are not
+    the dataset's lists, or every line is damaged)."""
     reader = load_reader(dataset)
     ctx = ReadContext(params.sources, min_text_chars=params.ingest.min_text_chars,
                       max_text_chars=params.ingest.max_text_chars, progress=False)
-    captions, urls = [], []
-    for item in reader.parse(ctx):
+    captions, urls, rows_in = [], [], 0
+    for rows_in, item in enumerate(reader.parse(ctx), 1):
         if isinstance(item, Row):
             captions.append(item.values["text"])
             urls.append(item.values["url"])
+    if not urls:
+        files = " and ".join(str(p) for p in reader.input_files(params.sources).values())
+        raise SourceFormatError(f"download@{dataset}: no URL to fetch: the {rows_in} lines of {files} were all "
+                                f"rejected by the reader's checks; `python -m pipeline ingest {dataset}` writes "
+                                f"why, line by line, to <paths.data>/manifests/{dataset}.rejects.parquet")
     table = pa.table({"caption": pa.array(captions, pa.string()), "url": pa.array(urls, pa.string()),
                       "row": pa.array(range(len(urls)), pa.int64())})
     first = table.group_by("url", use_threads=False).aggregate([("row", "min")]).column("row_min")
