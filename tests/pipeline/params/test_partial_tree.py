@@ -117,3 +117,17 @@ def _replace(path, kind: str):
     (shutil.rmtree if path.is_dir() else path.unlink)(path)
     path.mkdir() if kind == "dir" else path.write_bytes(b"")
     return path
+
+
+def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_cc, capsys):
+    """``extract cc`` before train_detector (or without extract.weights) and ``build_dbs`` before
+    decontaminate: their messages (docs/troubleshooting.md) came at the end of a traceback."""
+    params, _, data = only_cc
+    assert main(["ingest", "cc", "--params", str(params)]) == 0
+    capsys.readouterr()
+    assert main(["extract", "cc", "--params", str(params)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: detector weights not found: {data}/models/detector/model_final.pth (run `python -m pipeline " \
+           "train_detector`)" in err
+    assert main(["build_dbs", "--params", str(params)]) == 1
+    assert f"error: manifest {data}/clean/" in capsys.readouterr().err
