@@ -25,7 +25,7 @@ from pipeline.common.detector_files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
                                               plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import GIVEN_BOX_SETS, IMAGE_SOURCES
-from pipeline.params.parser import Params
+from pipeline.params.parser import Params, ParamsError
 
 log = logging.getLogger("pipeline.extract")
 
@@ -163,7 +163,7 @@ def targets(params: Params, item: str | None) -> list[str]:
     """Feature sets to write for ``item`` (None: every configured source, given-box sets included)."""
     known = set(IMAGE_SOURCES) | set(GIVEN_BOX_SETS.values())
     if item is not None and item not in known:
-        raise ValueError(f"extract: unknown item {item!r}; expected one of {sorted(known)}")
+        raise ParamsError(f"extract: unknown item {item!r}; expected one of {sorted(known)}")
     sources = [item] if item is not None else list(params.extract.sources)
     names = []
     for source in sources:

@@ -39,6 +39,7 @@ from pipeline.ingest.errors import DownloadError
 from pipeline.ingest.sources import load_reader
 from pipeline.common.source_records import ReadContext, Row, SourceFormatError
 from pipeline.ingest.sources.web_images import SHARD_RE
+from pipeline.params.parser import ParamsError
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def shard_stats(root: Path) -> dict[str, dict]:
 def download_dataset(params, dataset: str) -> dict[str, int]:
     """Download one dataset's images; returns the counts written to ``download._run.json``."""
     if dataset not in DATASETS:
-        raise DownloadError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
+        raise ParamsError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
     _check_inputs(params, dataset)
     src, cfg = getattr(params.sources, dataset), params.sources.download
     root = Path(src.image_root)

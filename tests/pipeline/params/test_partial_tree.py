@@ -131,3 +131,18 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
            "train_detector`)" in err
     assert main(["build_dbs", "--params", str(params)]) == 1
     assert f"error: manifest {data}/clean/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ingest", "cocoo"], "unknown dataset 'cocoo'; expected one of coco, vg,"),
+    (["extract", "cocoo"], "extract: unknown item 'cocoo'; expected one of ['cc', 'coco',"),
+    (["extract", "cc:3/2"], "extract: item 'cc:3/2': expected SOURCE:k/K with 1 <= k <= K"),
+    (["download", "coco"], "download: no download for dataset 'coco' (one of cc, sbu)"),
+])
+def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, message):
+    """A misspelt ITEM was a ValueError traceback (ingest, extract) or exit status 1, the machine's
+    state (download); it is a bad argument: exit status 2, one line."""
+    params, _, data = only_cc
+    assert main([*argv, "--params", str(params)]) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not [p for p in data.rglob("*") if p.is_file() and "locks" not in p.parts]  # only the stage's lock
