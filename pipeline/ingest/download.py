@@ -164,4 +164,7 @@ def run(params, item: str | None = None) -> list[dict[str, int]]:
         raise DownloadError("download: world is mini, whose images the mini_world stage writes in this layout "
                             "already; set world: real and point sources at the real files")
     datasets = [item] if item else [d for d in DATASETS if d in params.ingest.datasets]
+    if not datasets:
+        raise ParamsError("download: ingest.datasets names neither cc nor sbu: nothing to download; name the "
+                          "dataset (`python -m pipeline download cc`) or list it in ingest.datasets")
     return [download_dataset(params, name) for name in datasets]

@@ -146,3 +146,23 @@ def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, mes
     assert main([*argv, "--params", str(params)]) == 2
     assert f"error: {message}" in capsys.readouterr().err
     assert not [p for p in data.rglob("*") if p.is_file() and "locks" not in p.parts]  # only the stage's lock
+
+
+@pytest.mark.parametrize("argv, sets, message", [
+    (["ingest"], ["ingest.datasets=[]"], "ingest: ingest.datasets is empty: nothing to ingest"),
+    (["download"], ["ingest.datasets=[cc]"], None),
+    (["download"], ["ingest.datasets=[coco]"], "download: ingest.datasets names neither cc nor sbu: nothing to download"),
+])
+def test_a_command_left_with_nothing_to_run_says_so(only_cc, capsys, argv, sets, message):
+    """``ingest`` / ``download`` without ITEM run the configured datasets; with none of them configured
+    they logged "finished" and exited 0 having done nothing."""
+    params, _, _ = only_cc
+    args = [*argv, "--params", str(params), "--set", "finetune.tasks=[]",
+            "--set", "sources.download.command=/no/img2dataset"]
+    for item in sets:
+        args += ["--set", item]
+    if message is None:  # past the check: the stage's own check of the executable
+        assert main(args) == 1 and "/no/img2dataset is not an executable" in capsys.readouterr().err
+        return
+    assert main(args) == 2
+    assert f"error: {message}" in capsys.readouterr().err
