@@ -39,6 +39,7 @@ EXIT_STATUS: dict[str, int] = {
     "pipeline.stores.lmdb_store.DiskFullError": MACHINE_STATE,
     "pipeline.ingest.errors.DownloadError": MACHINE_STATE,
     "pipeline.common.runinfo.OutputsMissingError": MACHINE_STATE,
+    "pipeline.common.runinfo.InputsMissingError": MACHINE_STATE,
     # a fine-tuning start that diverged (the divergence guard): not a result
     "pipeline.finetune.guard.DivergedError": MACHINE_STATE,
     # another writer

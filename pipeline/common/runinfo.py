@@ -209,6 +209,11 @@ class OutputsMissingError(RuntimeError):
     """A stage's listed outputs are gone before its ``_run.json`` is written (another run removed them)."""
 
 
+class InputsMissingError(FileNotFoundError):
+    """An input that an earlier stage writes is absent: that stage has not run (or ``paths.data``
+    points at another tree). The message names the file and the stage to run first."""
+
+
 class RunRecord:
     """Collects what a stage did and writes ``_run.json`` into its output directory.
 

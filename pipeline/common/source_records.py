@@ -13,7 +13,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from pipeline.common.progress import track
 from pipeline.params.world import SourcesConfig
@@ -257,6 +257,23 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
 
 
+# the first bytes of a compressed file (a source kept as downloaded, or packed under its own name);
+# none is UTF-8 text a source could start with (bz2's "BZh9" is followed by its block magic)
+COMPRESSED = {"gzip": re.compile(rb"\x1f\x8b"), "bz2": re.compile(rb"BZh[1-9]1AY&SY"),
+              "xz": re.compile(rb"\xfd7zXZ\x00"), "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
+              "zip": re.compile(rb"PK\x03\x04")}
+HEAD_BYTES = 10  # enough for every magic above
+
+
+def refuse_compressed(path: Path, head: bytes) -> None:
+    """SourceFormatError when ``head`` (the first bytes of ``path``) starts like a compressed file:
+    read as text it would become a few undecodable rows, not the file's rows."""
+    for kind, magic in COMPRESSED.items():
+        if magic.match(head):
+            raise SourceFormatError(f"{path}: {kind}-compressed; decompress it and point sources at the "
+                                    "decompressed file")
+
+
 def load_json(path: Path) -> tuple[Any, bool]:
     """Load a single-document JSON file; returns (document, clean).
 
@@ -266,6 +283,7 @@ def load_json(path: Path) -> tuple[Any, bool]:
     nests deeper than the JSON parser goes (the one case a single row can fail a whole file).
     """
     data = Path(path).read_bytes()
+    refuse_compressed(path, data[:HEAD_BYTES])
     try:
         text, clean = data.decode("utf-8-sig"), True
     except UnicodeDecodeError:
@@ -288,12 +306,26 @@ def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
     return value
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def skip_bom(fh: BinaryIO) -> BinaryIO:
+    """``fh`` (a file opened ``rb``) past a UTF-8 byte order mark at its start, if it has one: an
+    editor's or spreadsheet's "UTF-8 text" begins with one, which is no part of line 1's text.
+    Raises SourceFormatError for a compressed file (:func:`refuse_compressed`)."""
+    head = fh.read(HEAD_BYTES)
+    refuse_compressed(Path(fh.name), head)
+    fh.seek(len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0)
+    return fh
+
+
 def iter_lines(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, line bytes without the line ending) of a file, with a byte progress bar."""
+    """(1-based line number, line bytes without the line ending) of a file (a leading UTF-8 byte order
+    mark left out), with a byte progress bar."""
     path = Path(path)
     with path.open("rb") as fh, ctx.bar(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc) as bar:
         lineno = 0
-        for lineno, line in enumerate(fh, 1):
+        for lineno, line in enumerate(skip_bom(fh), 1):
             if not lineno & 0xFFFF:
                 bar.update(fh.tell() - bar.n)
             yield lineno, line.rstrip(b"\r\n")

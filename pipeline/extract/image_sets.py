@@ -20,12 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.common.ownership import claim_dir
-from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json, file_digest
+from pipeline.common.runinfo import InputsMissingError, RunRecord, atomic_write_bytes, atomic_write_json, file_digest
 from pipeline.common.detector_files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
                                               plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.params.extract import GIVEN_BOX_SETS, IMAGE_SOURCES
-from pipeline.params.parser import Params
+from pipeline.params.parser import Params, ParamsError
 
 log = logging.getLogger("pipeline.extract")
 
@@ -147,7 +147,7 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
     weights = cfg.weights or detector_dir(params.paths.data) / WEIGHTS_FILE
     if not Path(weights).is_file():
         hint = "run `python -m pipeline train_detector`" if cfg.detector == "mini" else "set extract.weights"
-        raise FileNotFoundError(f"detector weights not found: {weights} ({hint})")
+        raise InputsMissingError(f"detector weights not found: {weights} ({hint})")
     if device == "cuda":
         workers = min(cfg.workers or torch.cuda.device_count(), torch.cuda.device_count())
     else:  # one torch thread per worker (ExtractSettings.threads): a worker per core uses the machine
@@ -163,7 +163,7 @@ def targets(params: Params, item: str | None) -> list[str]:
     """Feature sets to write for ``item`` (None: every configured source, given-box sets included)."""
     known = set(IMAGE_SOURCES) | set(GIVEN_BOX_SETS.values())
     if item is not None and item not in known:
-        raise ValueError(f"extract: unknown item {item!r}; expected one of {sorted(known)}")
+        raise ParamsError(f"extract: unknown item {item!r}; expected one of {sorted(known)}")
     sources = [item] if item is not None else list(params.extract.sources)
     names = []
     for source in sources:

@@ -37,7 +37,7 @@ from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, Ru
                                               finished, plan_shards, remove_stale_files, run_shards, settings_record)
 from pipeline.extract.detector.shards import shard_name
 from pipeline.extract.image_sets import detector_meta, feature_dir, make_settings, select, write_outputs
-from pipeline.params.parser import Params
+from pipeline.params.parser import Params, ParamsError
 
 log = logging.getLogger("pipeline.extract")
 
@@ -62,12 +62,13 @@ class Part:
 
 
 def split_item(item: str | None) -> tuple[str | None, Part | None]:
-    """``"cc:2/3"`` -> ``("cc", Part(2, 3))``; ``"cc"`` -> ``("cc", None)``; raises ValueError for a bad part."""
+    """``"cc:2/3"`` -> ``("cc", Part(2, 3))``; ``"cc"`` -> ``("cc", None)``; raises ParamsError (exit
+    status 2) for a bad part."""
     if item is None or ":" not in item:
         return item, None
     match = _ITEM.fullmatch(item)
     if not match or not 1 <= int(match["k"]) <= int(match["parts"]):
-        raise ValueError(f"extract: item {item!r}: expected SOURCE:k/K with 1 <= k <= K (part k of K), e.g. cc:2/3")
+        raise ParamsError(f"extract: item {item!r}: expected SOURCE:k/K with 1 <= k <= K (part k of K), e.g. cc:2/3")
     return match["source"], Part(int(match["k"]), int(match["parts"]))
 
 

@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 from pipeline.common.runinfo import RunRecord
 from pipeline.ingest.errors import DownloadError
 from pipeline.ingest.sources import load_reader
-from pipeline.common.source_records import ReadContext, Row
+from pipeline.common.source_records import ReadContext, Row, SourceFormatError
 from pipeline.ingest.sources.web_images import SHARD_RE
+from pipeline.params.parser import ParamsError
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +50,23 @@ RUN_FILE = f"{META_DIR}/_run.json"
 
 
 def url_list(params, dataset: str) -> pa.Table:
-    """``caption``, ``url`` of each row the reader accepts, first row per URL, in file order."""
+    """``caption``, ``url`` of each row the reader accepts, first row per URL, in file order.
+
+    Raises SourceFormatError when the reader accepts no row (nothing to fetch: the files are not
+    the dataset's lists, or every line is damaged)."""
     reader = load_reader(dataset)
     ctx = ReadContext(params.sources, min_text_chars=params.ingest.min_text_chars,
                       max_text_chars=params.ingest.max_text_chars, progress=False)
-    captions, urls = [], []
-    for item in reader.parse(ctx):
+    captions, urls, rows_in = [], [], 0
+    for rows_in, item in enumerate(reader.parse(ctx), 1):
         if isinstance(item, Row):
             captions.append(item.values["text"])
             urls.append(item.values["url"])
+    if not urls:
+        files = " and ".join(str(p) for p in reader.input_files(params.sources).values())
+        raise SourceFormatError(f"download@{dataset}: no URL to fetch: the {rows_in} lines of {files} were all "
+                                f"rejected by the reader's checks; `python -m pipeline ingest {dataset}` writes "
+                                f"why, line by line, to <paths.data>/manifests/{dataset}.rejects.parquet")
     table = pa.table({"caption": pa.array(captions, pa.string()), "url": pa.array(urls, pa.string()),
                       "row": pa.array(range(len(urls)), pa.int64())})
     first = table.group_by("url", use_threads=False).aggregate([("row", "min")]).column("row_min")
@@ -119,7 +128,7 @@ def shard_stats(root: Path) -> dict[str, dict]:
 def download_dataset(params, dataset: str) -> dict[str, int]:
     """Download one dataset's images; returns the counts written to ``download._run.json``."""
     if dataset not in DATASETS:
-        raise DownloadError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
+        raise ParamsError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
     _check_inputs(params, dataset)
     src, cfg = getattr(params.sources, dataset), params.sources.download
     root = Path(src.image_root)
@@ -155,4 +164,7 @@ def run(params, item: str | None = None) -> list[dict[str, int]]:
         raise DownloadError("download: world is mini, whose images the mini_world stage writes in this layout "
                             "already; set world: real and point sources at the real files")
     datasets = [item] if item else [d for d in DATASETS if d in params.ingest.datasets]
+    if not datasets:
+        raise ParamsError("download: ingest.datasets names neither cc nor sbu: nothing to download; name the "
+                          "dataset (`python -m pipeline download cc`) or list it in ingest.datasets")
     return [download_dataset(params, name) for name in datasets]

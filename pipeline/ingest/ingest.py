@@ -31,6 +31,7 @@ from pipeline.common.runinfo import RunRecord, json_bytes, stage_bytes
 from pipeline.common.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
 from pipeline.ingest.sources import load_reader
+from pipeline.params.parser import ParamsError
 from pipeline.common.source_records import (
     DUPLICATE_ID, MALFORMED_ROW, MISSING_IMAGE, NON_UTF8, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row,
     raw_text,
@@ -243,4 +244,7 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
 def run(params, item: str | None = None) -> list[IngestResult]:
     """Stage entry: ingest ``item`` (a dataset name) or every dataset of ``params.ingest.datasets``."""
     datasets: Sequence[str] = [item] if item else list(params.ingest.datasets)
+    if not datasets:
+        raise ParamsError("ingest: ingest.datasets is empty: nothing to ingest; name the dataset "
+                          "(`python -m pipeline ingest coco`) or list it in ingest.datasets")
     return [ingest_dataset(params, name) for name in datasets]

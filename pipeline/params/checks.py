@@ -29,9 +29,10 @@ MAX_TOKENS = 10_000_000
 MAX_SEED = 2**32 - 1  # numpy.random.RandomState and other 32-bit seeded generators take no more
 
 
-def must_exist(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
-    """A dataclass field holding a path that must exist on disk when the config is validated."""
-    meta = {"must_exist": True}
+def must_exist(default: Any = dataclasses.MISSING, *, kind: str | None = None, **kwargs: Any) -> Any:
+    """A dataclass field holding a path that must exist on disk when the config is validated;
+    ``kind`` (``file`` or ``dir``), when given, is what it must be."""
+    meta = {"must_exist": True, **({"kind": kind} if kind else {})}
     if default is dataclasses.MISSING:
         return field(metadata=meta, **kwargs)
     return field(default=default, metadata=meta, **kwargs)

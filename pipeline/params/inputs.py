@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the parser imports this module
 
 
 def missing_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[str, list[str]] | None = None) -> None:
-    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``.
+    """Append ``"<key>: path does not exist: <path>"`` to ``errors`` for each missing ``must_exist`` path of ``obj``
+    (and ``"<key>: a directory, expected a file: <path>"`` / ``not a directory`` for one of the wrong ``kind``).
 
     ``needed_by`` (``{dotted key: [stage, ...]}``), when given, limits the check to the keys it names
     and adds ``(needed by <stages>)`` to each message.
@@ -33,7 +34,13 @@ def missing_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[s
         if not f.metadata.get("must_exist") or value is None or not isinstance(value, (str, Path)):
             continue
         stages = None if needed_by is None else needed_by.get(key, [])
-        if stages == [] or Path(value).exists():
+        needed = f" (needed by {', '.join(stages)})" if stages else ""
+        if stages == []:
+            continue
+        if Path(value).exists():
+            wrong = _wrong_kind(Path(value), f.metadata.get("kind"))
+            if wrong:
+                errors.append(f"{key}: {wrong}: {value}{needed}")
             continue
         if f.metadata.get("hub_id"):  # a Hugging Face id instead of a path: the local hub cache must hold it
             from pipeline.common import hf_cache
@@ -44,7 +51,16 @@ def missing_paths(obj: Any, prefix: str, errors: list[str], needed_by: Mapping[s
                 except hf_cache.NotCached as err:
                     errors.append(str(err))
                 continue
-        errors.append(f"{key}: path does not exist: {value}" + (f" (needed by {', '.join(stages)})" if stages else ""))
+        errors.append(f"{key}: path does not exist: {value}{needed}")
+
+
+def _wrong_kind(path: Path, kind: str | None) -> str | None:
+    """What is wrong with an existing ``path`` that must be a ``kind`` (``file``, ``dir``, None: either)."""
+    if kind == "file" and path.is_dir():
+        return "a directory, expected a file"
+    if kind == "dir" and not path.is_dir():
+        return "not a directory"
+    return None
 
 
 # where a dataset's images lie when it has no image_root of its own (dvc.yaml's ingest foreach `img:`)

@@ -89,30 +89,34 @@ class MiniWorldConfig:
         )
 
 
+# what each sources path must be (the path check says so before a reader opens it)
+FILE, DIR = "file", "dir"
+
+
 @dataclass(frozen=True)
 class CocoSource:
-    captions_train: Path = must_exist()
-    captions_val: Path = must_exist()
-    instances_train: Path = must_exist()
-    instances_val: Path = must_exist()
-    karpathy: Path = must_exist()
-    image_root: Path = must_exist()
+    captions_train: Path = must_exist(kind=FILE)
+    captions_val: Path = must_exist(kind=FILE)
+    instances_train: Path = must_exist(kind=FILE)
+    instances_val: Path = must_exist(kind=FILE)
+    karpathy: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
     # image_info_test2015.json: the URLs of the test2015 images (VQA test), which decontamination
     # needs and the VQA questions do not carry; null: those images are known by their id only
-    image_info_test: Path | None = must_exist()
+    image_info_test: Path | None = must_exist(kind=FILE)
 
 
 @dataclass(frozen=True)
 class VgSource:
-    image_data: Path = must_exist()
-    region_descriptions: Path = must_exist()
-    image_root: Path = must_exist()
+    image_data: Path = must_exist(kind=FILE)
+    region_descriptions: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
 
 
 @dataclass(frozen=True)
 class Flickr30kSource:
-    karpathy: Path = must_exist()
-    image_root: Path = must_exist()
+    karpathy: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
 
 
 # How downloaded web images (CC, SBU) lie below image_root (pipeline/ingest/sources/web_images.py):
@@ -123,17 +127,18 @@ ImageLayout = Literal["img2dataset", "sha1"]
 
 @dataclass(frozen=True)
 class CcSource:
-    train_tsv: Path = must_exist()
-    val_tsv: Path | None = must_exist()  # null: training TSV only (build_dbs then holds out outdomain_val_size)
-    image_root: Path = must_exist()  # the downloaded images (the download@cc stage's output folder)
+    train_tsv: Path = must_exist(kind=FILE)
+    # null: the training TSV only (build_dbs then holds out outdomain_val_size)
+    val_tsv: Path | None = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)  # the downloaded images (the download@cc stage's output folder)
     image_layout: ImageLayout = "img2dataset"
 
 
 @dataclass(frozen=True)
 class SbuSource:
-    urls: Path = must_exist()
-    captions: Path = must_exist()
-    image_root: Path = must_exist()
+    urls: Path = must_exist(kind=FILE)
+    captions: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
     image_layout: ImageLayout = "img2dataset"
 
 
@@ -152,46 +157,46 @@ class DownloadConfig:
 
 @dataclass(frozen=True)
 class VqaSource:
-    questions_train: Path = must_exist()
-    questions_val: Path = must_exist()
-    questions_test: Path = must_exist()
-    annotations_train: Path = must_exist()
-    annotations_val: Path = must_exist()
+    questions_train: Path = must_exist(kind=FILE)
+    questions_val: Path = must_exist(kind=FILE)
+    questions_test: Path = must_exist(kind=FILE)
+    annotations_train: Path = must_exist(kind=FILE)
+    annotations_val: Path = must_exist(kind=FILE)
     # the test answers as an evaluation server holds them (the mini world writes one under eval_server/);
     # null on real data, whose test answers are not public: the test split is then predicted, not scored
-    annotations_test: Path | None = must_exist()
+    annotations_test: Path | None = must_exist(kind=FILE)
 
 
 @dataclass(frozen=True)
 class VcrSource:
-    train: Path = must_exist()
-    val: Path = must_exist()
-    test: Path = must_exist()
-    image_root: Path = must_exist()
+    train: Path = must_exist(kind=FILE)
+    val: Path = must_exist(kind=FILE)
+    test: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
     # the test labels as the leaderboard holds them (jsonl of annot_id, answer_label, rationale_label;
     # the mini world writes one under eval_server/); null on real data: test is predicted, not scored
-    test_labels: Path | None = must_exist()
+    test_labels: Path | None = must_exist(kind=FILE)
 
 
 @dataclass(frozen=True)
 class Nlvr2Source:
-    train: Path = must_exist()
-    dev: Path = must_exist()
-    test: Path = must_exist()
-    image_root: Path = must_exist()
+    train: Path = must_exist(kind=FILE)
+    dev: Path = must_exist(kind=FILE)
+    test: Path = must_exist(kind=FILE)
+    image_root: Path = must_exist(kind=DIR)
 
 
 @dataclass(frozen=True)
 class SnliVeSource:
-    train: Path = must_exist()
-    dev: Path = must_exist()
-    test: Path = must_exist()
+    train: Path = must_exist(kind=FILE)
+    dev: Path = must_exist(kind=FILE)
+    test: Path = must_exist(kind=FILE)
 
 
 @dataclass(frozen=True)
 class RefcocoSource:
-    refs: Path = must_exist()
-    instances: Path = must_exist()
+    refs: Path = must_exist(kind=FILE)
+    instances: Path = must_exist(kind=FILE)
     variant: str = "refcoco+"
 
 

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from pipeline.common.progress import track
 from pipeline.common.ownership import atomic_dir
-from pipeline.common.runinfo import RunRecord, atomic_write_json, file_digest, is_done, tree_digest
+from pipeline.common.runinfo import InputsMissingError, RunRecord, atomic_write_json, file_digest, is_done, tree_digest
 from pipeline.stores.lmdb_store import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def build_image_db(feat_dir: Path, out_dir: Path, *, compression: str, commit_ev
     name = feat_dir.name
     feat_meta_path = feat_dir / META_FILE
     if not feat_meta_path.is_file():
-        raise FileNotFoundError(f"{feat_meta_path} is missing (extraction unfinished?)")
+        raise InputsMissingError(f"{feat_meta_path} is missing (extraction unfinished?)")
     feat_meta = json.loads(feat_meta_path.read_text(encoding="utf-8"))
     shards = list_shards(feat_dir)
     features_digest = tree_digest(feat_dir)

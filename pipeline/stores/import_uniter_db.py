@@ -10,7 +10,6 @@ why. ``build_dbs`` runs this instead of its own build when ``build_dbs.source: u
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -23,11 +22,12 @@ from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_
 from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
 from pipeline.stores.tokenization import WordPieceTokenizer
-from pipeline.stores.uniter_release.formats import feature_db_name, nbb_file_name
-from pipeline.stores.uniter_release.images import STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db
+from pipeline.stores.uniter_release.formats import feature_db_name, nbb_file_name, release_json
+from pipeline.stores.uniter_release.images import (STAGE, ReleaseImageDb, Rule, convert_image_db, find_release_db,
+                                                   lmdb_problem)
 from pipeline.stores.uniter_release.layout import (IMAGE_DIRS, NOT_CONVERTED_IMAGE_DIRS, NOT_CONVERTED_TEXT_DBS,
                                                    TEXT_SOURCES, TEXT_TARGETS)
-from pipeline.stores.uniter_release.texts import check_tokenizer, convert_text_db
+from pipeline.stores.uniter_release.texts import check_tokenizer, convert_text_db, release_ids
 
 log = logging.getLogger(__name__)
 REPORT_DIR = Path("reports") / "uniter_import"  # under paths.data
@@ -35,9 +35,16 @@ STAGING = ".uniter_import.tmp"  # under paths.data/db: every DB is written here 
 
 
 def _class_names(path: Path | None) -> list[str] | None:
+    """The class names of ``build_dbs.uniter_release.class_names`` (one a line, ``name,...``), or None."""
     if path is None:
         return None
-    names = [line.split(",")[0].strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise SourceFormatError(f"build_dbs.uniter_release.class_names: {path}: {why}; expected one class name "
+                                "a line (bottom-up-attention's objects_vocab.txt)") from None
+    names = [line.split(",")[0].strip() for line in text.splitlines() if line.strip()]
     if not names:
         raise SourceFormatError(f"build_dbs.uniter_release.class_names: {path} lists no class")
     return names
@@ -46,11 +53,14 @@ def _class_names(path: Path | None) -> list[str] | None:
 def _ans2label(path: Path | None, release_txt: Path) -> tuple[dict[str, int] | None, str]:
     """The VQA vocabulary and where it came from (None, why: the VQA DBs are skipped)."""
     candidates = [path] if path is not None else [release_txt / "vqa_train.db" / "ans2label.json"]
+    expected = "{answer: label} with labels 0..n-1"
     for p in candidates:
-        if p.is_file():
-            vocab = json.loads(p.read_text(encoding="utf-8"))
-            if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
-                raise SourceFormatError(f"{p}: expected {{answer: label}} with labels 0..n-1")
+        if p.exists():  # a directory or a damaged file is named, not taken for an absent vocabulary
+            vocab = release_json(p, expected)
+            labels = list(vocab.values())
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in labels) \
+                    or sorted(labels) != list(range(len(vocab))):
+                raise SourceFormatError(f"{p}: expected {expected}")
             return vocab, str(p)
     return None, "no answer vocabulary: set build_dbs.uniter_release.ans2label (UNITER's utils/ans2label.json)"
 
@@ -75,6 +85,14 @@ def _nbb_problem(db: ReleaseImageDb) -> str | None:
     return None if bad is None else f"entry {bad[0]!r} is {bad[1]!r}, expected a region count (an integer >= 0)"
 
 
+def _find_release_db(d: Path, rule: Rule) -> ReleaseImageDb | str | None:
+    """:func:`find_release_db`, or why its nbb file cannot be read (a problem for :func:`preflight`)."""
+    try:
+        return find_release_db(d, rule)
+    except SourceFormatError as err:
+        return str(err)
+
+
 def preflight(params: Params) -> _Plan:
     """Every check that needs no entry decoded, before anything is written; raises SourceFormatError.
 
@@ -96,13 +114,17 @@ def preflight(params: Params) -> _Plan:
                 "written": False, "why": "no image DB of this project is made from it (VCR and RefCOCO are not converted)"}
         elif d.name not in IMAGE_DIRS:
             unknown.append(f"img_db/{d.name}")
-        elif (found := find_release_db(d, rule)) is None:
+        elif isinstance(found := _find_release_db(d, rule), str):
+            problems.append(found)
+        elif found is None:
             held = sorted(p.name for p in d.iterdir() if p.name.startswith("feat_")) or ["no feat_* LMDB"]
             want = feature_db_name(rule.conf_th, rule.max_bb, rule.min_bb)
             problems.append(f"{d}: no {want}[_compressed]/data.mdb (the LMDB of the rule {rule}); it holds {held}: "
                             f"set build_dbs.uniter_release.conf_th, max_bb, min_bb to match")
         elif (bad := _nbb_problem(found)) is not None:
             problems.append(f"{d / nbb_file_name(rule.conf_th, rule.max_bb, rule.min_bb)}: {bad}")
+        elif (bad := lmdb_problem(found.lmdb_path)) is not None:
+            problems.append(bad)
         else:
             plan.image_groups.setdefault(IMAGE_DIRS[d.name], []).append(found)
     for p in sorted(release_txt.glob("*.db")) if release_txt.is_dir() else []:
@@ -114,6 +136,8 @@ def preflight(params: Params) -> _Plan:
             unknown.append(f"txt_db/{p.name}")
         elif not (p / "data.mdb").is_file():
             problems.append(f"{p}: no data.mdb (an unfinished download or extraction?)")
+        elif (bad := lmdb_problem(p)) is not None:
+            problems.append(bad)
         else:
             plan.text_sources[name] = p
     if unknown:
@@ -124,7 +148,8 @@ def preflight(params: Params) -> _Plan:
     for name, path in plan.text_sources.items():
         try:
             check_tokenizer(path / "meta.json", plan.tok)
-        except (SourceFormatError, OSError, ValueError) as err:
+            release_ids(path)  # read again when converting: checked here, before anything is written
+        except SourceFormatError as err:
             problems.append(str(err))
     vqa = [n for n in plan.text_sources if TEXT_SOURCES[n].task == "vqa"]
     if vqa:
@@ -220,19 +245,19 @@ def run(params: Params) -> dict[str, Any]:
         _publish(staging / "txt", txt_root, sorted(n for n, e in txt_report.items() if e["written"]))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for root, part in ((img_root, img_report), (txt_root, txt_report)):
-        summary = RunRecord(STAGE, digest)
-        summary.counts.update({n: e for n, e in part.items() if e["written"]})
-        summary.extra["uniter_release"] = str(rel.root)  # a record, not an input digest: the release is ~100 GB
-        root.mkdir(parents=True, exist_ok=True)
-        summary.write(root, require=[root / n / "data.mdb" for n in summary.counts])
     report = {"root": str(rel.root), "image_dbs": img_report, "text_dbs": txt_report}
     out = data / REPORT_DIR
     atomic_write_json(out / "report.json", report)
     atomic_write_bytes(out / "report.md", report_markdown(report).encode("utf-8"))
     n_img, n_txt = (sum(e["written"] for e in part.values()) for part in (img_report, txt_report))
     log.info("import_uniter_db: %d image DBs, %d text DBs written; report %s", n_img, n_txt, out)
-    if not n_img + n_txt:
+    if not n_img + n_txt:  # before the run records: an earlier import's DBs keep theirs
         raise SourceFormatError(f"import_uniter_db: no DB written from {rel.root}; {out / 'report.md'} says why "
                                 "for each release DB")
+    for root, part in ((img_root, img_report), (txt_root, txt_report)):
+        summary = RunRecord(STAGE, digest)
+        summary.counts.update({n: e for n, e in part.items() if e["written"]})
+        summary.extra["uniter_release"] = str(rel.root)  # a record, not an input digest: the release is ~100 GB
+        root.mkdir(parents=True, exist_ok=True)
+        summary.write(root, require=[root / n / "data.mdb" for n in summary.counts])
     return report

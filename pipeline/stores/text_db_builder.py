@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from pipeline.common.runinfo import InputsMissingError
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.vqa_answers import build_answer_vocab, soft_targets
 
@@ -72,7 +73,7 @@ class TextDbSpec:
 
 def read_manifest(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     if not path.is_file():
-        raise FileNotFoundError(f"manifest {path} does not exist (run ingest/decontaminate first)")
+        raise InputsMissingError(f"manifest {path} does not exist (run ingest/decontaminate first)")
     frame = pd.read_parquet(path, columns=list(columns) if columns else None)
     if frame["example_id"].duplicated().any():
         dup = frame.loc[frame["example_id"].duplicated(), "example_id"].iloc[0]

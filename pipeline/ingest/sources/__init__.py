@@ -13,10 +13,11 @@ import importlib
 from types import ModuleType
 
 from pipeline.params.ingest import DATASETS
+from pipeline.params.parser import ParamsError  # an unknown ITEM is a bad argument: exit status 2
 
 
 def load_reader(dataset: str) -> ModuleType:
     """The reader module of ``dataset`` (one of :data:`pipeline.params.ingest.DATASETS`)."""
     if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}")
+        raise ParamsError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}")
     return importlib.import_module(f"pipeline.ingest.sources.{dataset}")

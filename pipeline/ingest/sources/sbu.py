@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.common.source_records import (
-    MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines,
+    MALFORMED_ROW, NON_UTF8, ReadContext, Reject, Row, check_url, decode_line, iter_lines, skip_bom,
 )
 from pipeline.ingest.sources.web_images import resolve, url_key
 
@@ -31,7 +31,7 @@ def input_files(sources) -> dict[str, Path]:
 
 def _plain_lines(path: Path) -> Iterator[bytes]:
     with path.open("rb") as fh:
-        for line in fh:
+        for line in skip_bom(fh):
             yield line.rstrip(b"\r\n")
 
 

@@ -30,7 +30,7 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 
-from pipeline.common.source_records import SourceFormatError
+from pipeline.common.source_records import SourceFormatError, load_json
 
 KEYS_ENTRY = "__keys__"  # the name list the release's converter adds to every image LMDB
 IMAGE_FIELDS = ("features", "norm_bb", "conf", "soft_labels")
@@ -47,6 +47,22 @@ class EntryFormatError(ValueError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+def release_json(path: Path, expected: str) -> dict:
+    """A JSON object file of the release or beside it (nbb, meta.json, id2len.json, ans2label.json);
+    a leading UTF-8 byte order mark is allowed. Raises SourceFormatError naming ``path`` and
+    ``expected`` when it cannot be read (absent, a directory), is not UTF-8, not JSON (cut short) or
+    not an object: a download cut short is named, not a traceback."""
+    try:
+        doc, clean = load_json(path)
+    except OSError as err:
+        raise SourceFormatError(f"{path}: cannot be read ({err.strerror or err}); expected {expected}") from None
+    if not clean:
+        raise SourceFormatError(f"{path}: not UTF-8 text; expected {expected}")
+    if not isinstance(doc, dict):
+        raise SourceFormatError(f"{path}: a JSON {type(doc).__name__}, expected {expected}")
+    return doc
 
 
 def feature_db_name(conf_th: float, max_bb: int, min_bb: int) -> str:

@@ -9,7 +9,6 @@ cannot be converted are skipped and counted by reason; one that would need pickl
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from pipeline.common.source_records import SourceFormatError
 from pipeline.stores.image_db_builder import FORMAT_VERSION, PER_REGION
 from pipeline.stores.lmdb_store import IMG_DB_KIND, META_FILE, NBB_FILE, LmdbWriter, encode_value
 from pipeline.stores.uniter_release.formats import (KEYS_ENTRY, EntryFormatError, decode_image_entry, feature_db_name,
-                                                    image_record, nbb_file_name, rule_num_bb)
+                                                    image_record, nbb_file_name, release_json, rule_num_bb)
 from pipeline.stores.uniter_release.layout import image_id
 
 log = logging.getLogger(__name__)
@@ -76,15 +75,24 @@ def find_release_db(release_dir: Path, rule: Rule) -> ReleaseImageDb | None:
     for path, compressed in ((release_dir / f"{base}_compressed", True), (release_dir / base, False)):
         if (path / "data.mdb").is_file():
             nbb_path = release_dir / nbb_file_name(rule.conf_th, rule.max_bb, rule.min_bb)
-            nbb = json.loads(nbb_path.read_text(encoding="utf-8")) if nbb_path.is_file() else None
-            if nbb is not None and not isinstance(nbb, dict):
-                raise SourceFormatError(f"{nbb_path}: expected a JSON object {{image name: regions}}")
+            # present but unreadable is an error, not "no nbb file" (the rule would count other regions)
+            nbb = release_json(nbb_path, "a JSON object {image name: regions}") if nbb_path.exists() else None
             return ReleaseImageDb(release_dir.name, path, compressed, nbb)
     return None
 
 
 def _open(path: Path) -> lmdb.Environment:
     return lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1)
+
+
+def lmdb_problem(path: Path) -> str | None:
+    """Why the release LMDB directory ``path`` cannot be opened read-only (a data.mdb cut short or
+    overwritten), or None."""
+    try:
+        _open(path).close()
+    except lmdb.Error as err:
+        return f"{path}: not a readable LMDB ({str(err).removeprefix(f'{path}: ')}); download or extract it again"
+    return None
 
 
 def _num_bb(db: ReleaseImageDb, fname: str, fields: dict[str, np.ndarray], rule: Rule) -> tuple[int, str]:

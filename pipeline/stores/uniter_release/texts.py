@@ -12,7 +12,6 @@ SNLI_LABELS order (-1 when absent). The release's tokenizer ids (meta.json ``CLS
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, T
                                         encode_value, text_length)
 from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
-from pipeline.stores.uniter_release.formats import EntryFormatError, decode_text_entry
+from pipeline.stores.uniter_release.formats import EntryFormatError, decode_text_entry, release_json
 from pipeline.stores.uniter_release.images import STAGE, SkipLog
 from pipeline.stores.uniter_release.layout import VE_LABEL_MAP, TextTarget
 
@@ -40,7 +39,7 @@ TASK_META = {"nlvr2": {"label_names": ["False", "True"]}, "snli_ve": {"label_nam
 
 def check_tokenizer(meta_path: Path, tok: WordPieceTokenizer) -> dict[str, Any]:
     """The release DB's meta.json, after checking its token ids against ``tok``; raises naming the key."""
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = release_json(meta_path, "the release's token ids {CLS, SEP, MASK, v_range}")
     for key, ours in SPECIAL_KEYS.items():
         if key not in meta:
             if key == "UNK":  # older release DBs do not record it
@@ -70,6 +69,11 @@ def _int_list(value: Any) -> list[int] | None:
     if not isinstance(value, (list, tuple)) or not all(_is_int(i) for i in value):
         return None
     return [int(i) for i in value]
+
+
+def release_ids(db: Path) -> list[str]:
+    """The example ids of release text DB ``db`` (the keys of its ``id2len.json``)."""
+    return list(release_json(db / ID2LEN_FILE, "a JSON object {example id: text length}"))
 
 
 def _input_ids(value: Any, vocab: int, where: str) -> np.ndarray:
@@ -163,8 +167,7 @@ def convert_text_db(target: TextTarget, release_dbs: list[Path], out_dir: Path, 
     id2len, txt2img, img2txts = {}, {}, {}
     try:
         txns = {name: env.begin(buffers=True) for name, env in envs.items()}
-        order = sorted((f"{p.stem}:{k}", p.stem, k) for p in release_dbs
-                       for k in json.loads((p / ID2LEN_FILE).read_text(encoding="utf-8")))
+        order = sorted((f"{p.stem}:{k}", p.stem, k) for p in release_dbs for k in release_ids(p))
         run = RunRecord(STAGE, params_digest)
         with atomic_dir(out_dir, stage=STAGE) as tmp:
             writer = LmdbWriter(tmp / ".work", commit_every=commit_every, name=str(out_dir))

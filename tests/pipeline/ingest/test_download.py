@@ -225,3 +225,17 @@ def test_download_then_ingest(world, dataset):
     assert requested == {u.removeprefix(server.base) for u in shard1}
     record = json.loads((image_root / RUN_FILE).read_text())
     assert record["counts"]["shards"] == expected_shards and (image_root / URL_LIST).exists()
+
+
+@needs_img2dataset
+def test_a_list_with_no_url_to_fetch_is_refused_before_anything_is_written(tmp_path):
+    """Every line rejected by the reader's checks (no TAB, a bad URL, an empty file): img2dataset was
+    run on an empty list and the stage exited 0 having fetched nothing."""
+    tsv = tmp_path / "train.tsv"
+    tsv.write_bytes(b"a caption without its url\n\thttp://example.com/1.jpg\nanother caption\tnot-a-url\n")
+    out = _cli("cc", "--set", "world=real", "--set", f"sources.cc.image_root={tmp_path / 'images'}",
+               "--set", f"sources.cc.train_tsv={tsv}", "--set", "sources.cc.val_tsv=null",
+               "--set", f"sources.download.command={IMG2DATASET}", "--set", f"paths.data={tmp_path / 'data'}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"download@cc: no URL to fetch: the 3 lines of {tsv} were all rejected" in out.stderr
+    assert "ingest cc" in out.stderr and not (tmp_path / "images").exists()

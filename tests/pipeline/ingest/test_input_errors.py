@@ -80,6 +80,63 @@ def test_ingest_of_a_truncated_captions_file_exits_2_naming_file_and_position(tm
 
 
 # --------------------------------------------------------------------------------------------
+# a line file saved with a byte order mark (an editor on Windows, a spreadsheet's "UTF-8 text")
+
+LINE_FILES = {"cc": ("train_tsv", "val_tsv"), "sbu": ("urls", "captions"), "vcr": ("train", "val", "test"),
+              "snli_ve": ("train", "dev", "test")}
+
+
+@pytest.mark.parametrize("dataset", sorted(LINE_FILES))
+def test_a_byte_order_mark_changes_no_row(tmp_path, dataset):
+    """Each line file with a UTF-8 BOM gives the manifest and rejects of the file without one: the BOM
+    was kept in line 1's caption (CC), or made line 1 a bad_url (SBU) or malformed_row (JSON lines)."""
+    from pipeline.params.parser import load_params
+    from helpers.source_fixtures import ingest
+
+    sets = [*fixture_overrides(tmp_path / "plain"), "world=real"]
+    _, plain, plain_rejects = ingest(load_params(REPO / "params.yaml", sets), dataset)
+    marked = []
+    for key in LINE_FILES[dataset]:
+        prefix = f"sources.{dataset}.{key}="
+        source = Path(next(s for s in sets if s.startswith(prefix))[len(prefix):])
+        copy = tmp_path / "bom" / key / source.name
+        copy.parent.mkdir(parents=True)
+        copy.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
+        marked.append(prefix + str(copy))
+    sets = [*fixture_overrides(tmp_path / "bom"), "world=real", *marked]
+    _, manifest, rejects = ingest(load_params(REPO / "params.yaml", sets), dataset)
+    same = ["example_id", "split", "text", "url"] if "url" in manifest else ["example_id", "split", "text"]
+    assert manifest[same].equals(plain[same])
+    assert rejects[["locator", "reason"]].equals(plain_rejects[["locator", "reason"]])
+
+
+
+@pytest.mark.parametrize("dataset, key, pack", [
+    ("cc", "train_tsv", "gzip"), ("sbu", "captions", "bz2"), ("vcr", "val", "xz"), ("coco", "karpathy", "gzip")])
+def test_a_compressed_source_file_is_refused_naming_it(tmp_path, dataset, key, pack):
+    """A source kept compressed (``Train_GCC-training.tsv`` gzipped under its own name) was read as
+    text: a line file became a few non_utf8 / malformed_row rejects and the ingest exited 0."""
+    import bz2
+    import gzip
+    import lzma
+
+    from helpers.source_fixtures import ingest
+    from pipeline.params.parser import load_params
+
+    sets = [*fixture_overrides(tmp_path), "world=real"]
+    prefix = f"sources.{dataset}.{key}="
+    source = Path(next(s for s in sets if s.startswith(prefix))[len(prefix):])
+    packed = tmp_path / "packed" / source.name
+    packed.parent.mkdir()
+    packed.write_bytes({"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[pack](source.read_bytes()))
+    params = load_params(REPO / "params.yaml", [*sets, prefix + str(packed)])
+    with pytest.raises(SourceFormatError) as err:
+        ingest(params, dataset)
+    assert str(err.value).startswith(f"{packed}: {pack}-compressed; decompress it")
+    assert not (tmp_path / "data" / "manifests" / f"{dataset}.parquet").exists()
+
+
+# --------------------------------------------------------------------------------------------
 # torch checkpoints holding pickled Python objects
 
 

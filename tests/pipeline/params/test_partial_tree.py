@@ -93,3 +93,76 @@ def test_an_item_left_out_of_the_params_is_still_checked(only_cc):
     with pytest.raises(ParamsError, match=r"sources.vcr.image_root: .*needed by extract@vcr"):
         load_params(params, ["extract.sources=[cc]"], command="extract", item="vcr")
     load_params(params, command="ingest", item="no_such_dataset")  # the stage names the dataset it does not know
+
+
+@pytest.mark.parametrize("key, make", [
+    ("sources.cc.val_tsv", lambda cc: _replace(cc / "Validation_GCC-1.1.0-Validation.tsv", "dir")),
+    ("sources.cc.image_root", lambda cc: _replace(cc / "images", "file")),
+])
+def test_a_path_of_the_wrong_kind_is_refused_before_any_work(only_cc, capsys, key, make):
+    """A directory where a file is read (a download unpacked into a folder of the file's name) was a
+    traceback; an image root that is a file made every row a missing_image with exit status 0."""
+    params, datasets, data = only_cc
+    path = make(datasets / "cc")
+    assert main(["ingest", "cc", "--params", str(params)]) == 2
+    want = "a directory, expected a file" if key.endswith("tsv") else "not a directory"
+    assert f"{key}: {want}: {path} (needed by ingest@cc)" in capsys.readouterr().err
+    assert not (data / "manifests").exists()
+
+
+def _replace(path, kind: str):
+    """Put a directory (``dir``) or an empty file (``file``) where ``path`` was."""
+    import shutil
+
+    (shutil.rmtree if path.is_dir() else path.unlink)(path)
+    path.mkdir() if kind == "dir" else path.write_bytes(b"")
+    return path
+
+
+def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_cc, capsys):
+    """``extract cc`` before train_detector (or without extract.weights) and ``build_dbs`` before
+    decontaminate: their messages (docs/troubleshooting.md) came at the end of a traceback."""
+    params, _, data = only_cc
+    assert main(["ingest", "cc", "--params", str(params)]) == 0
+    capsys.readouterr()
+    assert main(["extract", "cc", "--params", str(params)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: detector weights not found: {data}/models/detector/model_final.pth (run `python -m pipeline " \
+           "train_detector`)" in err
+    assert main(["build_dbs", "--params", str(params)]) == 1
+    assert f"error: manifest {data}/clean/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ingest", "cocoo"], "unknown dataset 'cocoo'; expected one of coco, vg,"),
+    (["extract", "cocoo"], "extract: unknown item 'cocoo'; expected one of ['cc', 'coco',"),
+    (["extract", "cc:3/2"], "extract: item 'cc:3/2': expected SOURCE:k/K with 1 <= k <= K"),
+    (["download", "coco"], "download: no download for dataset 'coco' (one of cc, sbu)"),
+])
+def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, message):
+    """A misspelt ITEM was a ValueError traceback (ingest, extract) or exit status 1, the machine's
+    state (download); it is a bad argument: exit status 2, one line."""
+    params, _, data = only_cc
+    assert main([*argv, "--params", str(params)]) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not [p for p in data.rglob("*") if p.is_file() and "locks" not in p.parts]  # only the stage's lock
+
+
+@pytest.mark.parametrize("argv, sets, message", [
+    (["ingest"], ["ingest.datasets=[]"], "ingest: ingest.datasets is empty: nothing to ingest"),
+    (["download"], ["ingest.datasets=[cc]"], None),
+    (["download"], ["ingest.datasets=[coco]"], "download: ingest.datasets names neither cc nor sbu: nothing to download"),
+])
+def test_a_command_left_with_nothing_to_run_says_so(only_cc, capsys, argv, sets, message):
+    """``ingest`` / ``download`` without ITEM run the configured datasets; with none of them configured
+    they logged "finished" and exited 0 having done nothing."""
+    params, _, _ = only_cc
+    args = [*argv, "--params", str(params), "--set", "finetune.tasks=[]",
+            "--set", "sources.download.command=/no/img2dataset"]
+    for item in sets:
+        args += ["--set", item]
+    if message is None:  # past the check: the stage's own check of the executable
+        assert main(args) == 1 and "/no/img2dataset is not an executable" in capsys.readouterr().err
+        return
+    assert main(args) == 2
+    assert f"error: {message}" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""import_uniter_db on a release whose side files or LMDBs are damaged, as a download cut short or a
+hand edit leaves them: one ``error:`` line naming the file, exit status 2, nothing written.
+
+The release is written by the writers of test_import_uniter_db.py (UNITER's own formats).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.__main__ import main
+from pipeline.stores.tokenization import WordPieceTokenizer
+
+pytestmark = pytest.mark.stage  # runs a pipeline stage
+
+_spec = importlib.util.spec_from_file_location("release_writers", Path(__file__).with_name("test_import_uniter_db.py"))
+writers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(writers)
+
+NBB = Path("img_db") / "coco_val2014" / writers.NBB
+META = Path("txt_db") / "pretrain_coco_val.db" / "meta.json"
+ID2LEN = Path("txt_db") / "pretrain_coco_val.db" / "id2len.json"
+
+
+def _release(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A small release (a COCO image DB, a pretraining and a VQA text DB), its answer vocabulary and
+    class names beside it; returns (root, the --set lines that import it)."""
+    root = tmp_path / "release"
+    writers._small_release(root, WordPieceTokenizer(), vqa=True)
+    (tmp_path / "ans2label.json").write_text(json.dumps({"yes": 0, "no": 1}))
+    (tmp_path / "classes.txt").write_text("".join(f"class{i}\n" for i in range(writers.C1 - 1)))
+    sets = [f"paths.data={tmp_path / 'data'}", f"build_dbs.uniter_release.root={root}",
+            f"build_dbs.uniter_release.ans2label={tmp_path / 'ans2label.json'}",
+            f"build_dbs.uniter_release.class_names={tmp_path / 'classes.txt'}"]
+    return root, sets
+
+
+def _import(sets: list[str]) -> int:
+    args = ["import_uniter_db"]
+    for item in sets:
+        args += ["--set", item]
+    return main(args)
+
+
+def _dir(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+DAMAGE = {  # name: (file below tmp_path ("release/..." or a side file), how it is damaged)
+    "nbb cut short": ("release" / NBB, lambda p: p.write_text('{"coco_val2014_0000')),
+    "nbb a directory": ("release" / NBB, _dir),
+    "ans2label cut short": ("ans2label.json", lambda p: p.write_text('{"yes": 0,')),
+    "ans2label a text label": ("ans2label.json", lambda p: p.write_text('{"yes": 0, "no": "1"}')),
+    "ans2label not UTF-8": ("ans2label.json", lambda p: p.write_bytes('{"caf\xe9": 0, "no": 1}'.encode("latin-1"))),
+    "meta.json cut short": ("release" / META, lambda p: p.write_text('{"CLS": 101')),
+    "meta.json a list": ("release" / META, lambda p: p.write_text("[]")),
+    "id2len.json missing": ("release" / ID2LEN, Path.unlink),
+    "id2len.json cut short": ("release" / ID2LEN, lambda p: p.write_text('{"1": ')),
+    "id2len.json a list": ("release" / ID2LEN, lambda p: p.write_text("[1]")),
+    "class names not UTF-8": ("classes.txt", lambda p: p.write_bytes("caf\xe9\n".encode("latin-1"))),
+    "class names a directory": ("classes.txt", _dir),
+    "class names missing": ("classes.txt", Path.unlink),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_side_file_is_one_line_naming_it_and_nothing_is_written(tmp_path, capsys, damage):
+    """Each of these was a traceback (a JSON, Unicode or OS error, or an id2len list read as ids) or,
+    for id2len.json, read only after the image DB was converted; a directory in place of the nbb
+    file was taken for an absent one (the regions counted by the rule instead)."""
+    _, sets = _release(tmp_path)
+    name, spoil = DAMAGE[damage]
+    spoil(tmp_path / name)
+    assert _import(sets) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / name}" in err and "Traceback" not in err
+    assert not (tmp_path / "data" / "db").exists()
+
+
+def test_the_undamaged_release_imports_and_a_byte_order_mark_is_no_damage(tmp_path):
+    root, sets = _release(tmp_path)
+    for path in (root / NBB, root / META, root / ID2LEN, tmp_path / "ans2label.json"):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert _import(sets) == 0
+    assert (tmp_path / "data" / "db" / "txt" / "vqa_val" / "data.mdb").is_file()
+
+
+@pytest.mark.parametrize("db", ["img_db/coco_val2014/" + writers.FEAT + "_compressed", "txt_db/pretrain_coco_val.db"])
+@pytest.mark.parametrize("content", [b"", b"\0" * 4096])
+def test_a_data_mdb_that_is_no_lmdb_is_named_before_anything_is_written(tmp_path, capsys, db, content):
+    """A data.mdb cut to nothing or overwritten was an lmdb.Error traceback, raised after the
+    staging folder was made (and, for a text DB, after the image DB was converted)."""
+    root, sets = _release(tmp_path)
+    (root / db / "data.mdb").write_bytes(content)
+    assert _import(sets) == 2
+    err = capsys.readouterr().err
+    assert f"{root / db}: not a readable LMDB" in err and "Traceback" not in err
+    assert not (tmp_path / "data" / "db").exists()
+
+
+def test_an_import_that_writes_no_db_leaves_the_earlier_run_records(tmp_path, capsys):
+    """A release whose every entry is skipped (here: the nbb file asks for more regions than stored)
+    is refused after writing its report; it also replaced data/db/{img,txt}/_run.json of the
+    earlier import, whose DBs it kept, with records of nothing."""
+    root, sets = _release(tmp_path)
+    assert _import(sets) == 0
+    db = tmp_path / "data" / "db"
+    before = {p: p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()}
+    name = writers.coco("val2014", 3)
+    (root / NBB).write_text(json.dumps({name: 10**6}))
+    assert _import(sets) == 2
+    assert "no DB written" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()} == before
+    report = json.loads((tmp_path / "data" / "reports" / "uniter_import" / "report.json").read_text())
+    assert report["image_dbs"]["coco"]["skipped"] == {"too_few_regions": 1}
