@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.uniter_release import FEAT
 from pipeline.__main__ import main
 from pipeline.stores.tokenization import WordPieceTokenizer
 
@@ -90,7 +91,7 @@ def test_the_undamaged_release_imports_and_a_byte_order_mark_is_no_damage(tmp_pa
     assert (tmp_path / "data" / "db" / "txt" / "vqa_val" / "data.mdb").is_file()
 
 
-@pytest.mark.parametrize("db", ["img_db/coco_val2014/" + writers.FEAT + "_compressed", "txt_db/pretrain_coco_val.db"])
+@pytest.mark.parametrize("db", [f"img_db/coco_val2014/{FEAT}_compressed", "txt_db/pretrain_coco_val.db"])
 @pytest.mark.parametrize("content", [b"", b"\0" * 4096])
 def test_a_data_mdb_that_is_no_lmdb_is_named_before_anything_is_written(tmp_path, capsys, db, content):
     """A data.mdb cut to nothing or overwritten was an lmdb.Error traceback, raised after the
