@@ -356,3 +356,17 @@ def test_dbs_of_an_earlier_build_that_the_import_does_not_write_are_removed(tmp_
     (earlier / "data.mdb").write_bytes(b"an earlier build's")
     run(params_for(data, f"build_dbs.uniter_release.root={root}"))
     assert sorted(p.name for p in (data / "db" / "txt").iterdir()) == ["_run.json", "pretrain_indomain_val"]
+
+
+def test_a_full_disk_during_the_import_is_one_line_and_publishes_nothing(tmp_path, tok, monkeypatch):
+    from helpers.disk_full import fill_disk_at
+    from pipeline.common.failures import MACHINE_STATE, describe
+
+    root, data = tmp_path / "release", tmp_path / "data"
+    _small_release(root, tok)
+    fill_disk_at(monkeypatch, "/.uniter_import.tmp/txt/")  # a file of a staged text DB
+    with pytest.raises(OSError) as info:
+        run(params_for(data, f"build_dbs.uniter_release.root={root}"))
+    status, line = describe(info.value)
+    assert status == MACHINE_STATE and line.startswith("disk full: ") and "\n" not in line, line
+    assert not [p for p in (data / "db").rglob("*") if p.is_file()]  # nothing published, staging removed
