@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pipeline.common.runinfo import atomic_write_json, current_umask
 
@@ -182,3 +181,45 @@ def preflight(*paths: Path | str) -> None:
     """
     for path in paths:
         check_owned(path, action="clear or replace")
+
+
+def strays(root: Path | str, keep: Iterable[str]) -> list[Path]:
+    """The entries of ``root`` other than ``keep`` (names): what a run writing exactly ``keep`` into
+    an empty ``root`` would not have there."""
+    root, keep = Path(root), set(keep)
+    return sorted(e for e in root.iterdir() if e.name not in keep) if root.is_dir() else []
+
+
+def _own_temp_file(entry: Path, keep: set[str]) -> bool:
+    """A file an atomic write of one of ``keep`` left (``.<name>.<random>.tmp``, killed before its rename)."""
+    return entry.is_file() and not entry.is_symlink() and entry.name.endswith(".tmp") and \
+        any(entry.name.startswith(f".{name}.") for name in keep)
+
+
+def check_prunable(root: Path | str, keep: Iterable[str]) -> None:
+    """Raise :class:`ForeignDirectoryError` unless :func:`prune` may remove every stray of ``root``:
+    a directory the pipeline owns (or an empty one), or a temporary file of an atomic write of a
+    kept name. Call before the work; :func:`prune` checks again."""
+    keep = set(keep)
+    for entry in strays(root, keep):
+        if entry.is_dir() and not entry.is_symlink():
+            check_owned(entry, action="remove as not written by this run")
+        elif not _own_temp_file(entry, keep):
+            raise ForeignDirectoryError(entry, "remove as not written by this run")
+
+
+def prune(root: Path | str, keep: Iterable[str]) -> None:
+    """Remove every entry of ``root`` but ``keep``, so that it holds what a fresh run would write.
+
+    For outputs DVC leaves in place (``persist: true``): a DB an earlier run wrote and this one
+    does not (a dataset dropped, a skipped text DB) and a killed run's temporaries go, as if DVC
+    had removed the directory before the run. Refuses (removing nothing) what :func:`check_prunable`
+    refuses."""
+    keep = set(keep)
+    check_prunable(root, keep)
+    for entry in strays(root, keep):
+        if entry.is_dir():
+            remove_owned(entry)
+        else:
+            entry.unlink()
+

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.ownership import ForeignDirectoryError, atomic_dir, preflight, remove_stale_temps
+from pipeline.common.ownership import (ForeignDirectoryError, atomic_dir, check_prunable, preflight, prune,
+                                       remove_stale_temps)
 from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_write_json
 from pipeline.params.decontaminate import PRETRAIN_DATASETS
 from pipeline.params.parser import Params
@@ -159,6 +160,9 @@ def _preflight(params: Params, img_root: Path, txt_root: Path) -> None:
     for record in (img_root / RUN_FILE, txt_root / RUN_FILE):
         if record.is_symlink() or (record.exists() and not record.is_file()):
             raise ForeignDirectoryError(record, "replace with the stage's run record")
+    # what this run will not write goes at its end (prune): only the pipeline's own may be there
+    check_prunable(img_root, [*(d.name for d in feat_dirs), RUN_FILE])
+    check_prunable(txt_root, [*txt_names, RUN_FILE])
 
 
 def run(params: Params) -> dict[str, Any]:
@@ -178,6 +182,7 @@ def run(params: Params) -> dict[str, Any]:
     img_summary = RunRecord("build_dbs", digest)
     img_summary.counts.update(build_image_dbs(params, data / "features", img_root))
     img_root.mkdir(parents=True, exist_ok=True)
+    prune(img_root, [*img_summary.counts, RUN_FILE])  # DVC leaves the outputs in place (persist: true)
     # the summary vouches for every DB it counts: each must be complete (its data and its own record)
     db_files = ("data.mdb", "_run.json")
     img_summary.write(img_root, require=[img_root / n / f for n in img_summary.counts for f in db_files])
@@ -193,6 +198,7 @@ def run(params: Params) -> dict[str, Any]:
             log.warning("text DB %s not written: %s", spec.name, counts["skipped"])
     txt_root.mkdir(parents=True, exist_ok=True)
     built = [n for n, c in txt_summary.counts.items() if "skipped" not in c]
+    prune(txt_root, [*built, RUN_FILE])
     txt_summary.write(txt_root, require=[txt_root / n / f for n in built for f in db_files])
     txt = txt_summary.counts
     log.info("build_dbs: %d image DBs, %d text DBs (%d examples, %d truncated, %d dropped, %d skipped)",

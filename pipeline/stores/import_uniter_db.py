@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.ownership import check_owned, remove_owned, remove_stale_temps, write_marker
-from pipeline.common.runinfo import RunRecord, atomic_write_bytes, atomic_write_json
+from pipeline.common.ownership import check_owned, check_prunable, prune, remove_owned, remove_stale_temps, write_marker
+from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_write_bytes, atomic_write_json
 from pipeline.common.source_records import SourceFormatError
 from pipeline.params.parser import Params
 from pipeline.stores.tokenization import WordPieceTokenizer
@@ -233,6 +233,8 @@ def run(params: Params) -> dict[str, Any]:
     for root, name in targets:
         check_owned(root / name, action="replace")  # a foreign directory stops the import before any work
         remove_stale_temps(root / name)
+    for root in (img_root, txt_root):  # what the import does not write goes at its end (as build_dbs')
+        check_prunable(root, [*(n for r, n in targets if r == root), RUN_FILE])
     digest = params.section_digest("build_dbs")
     staging = data / "db" / STAGING
     remove_owned(staging)  # what a killed import left
@@ -259,5 +261,6 @@ def run(params: Params) -> dict[str, Any]:
         summary.counts.update({n: e for n, e in part.items() if e["written"]})
         summary.extra["uniter_release"] = str(rel.root)  # a record, not an input digest: the release is ~100 GB
         root.mkdir(parents=True, exist_ok=True)
+        prune(root, [*summary.counts, RUN_FILE])  # DVC leaves build_dbs' outputs in place (persist: true)
         summary.write(root, require=[root / n / "data.mdb" for n in summary.counts])
     return report

@@ -339,3 +339,29 @@ def test_pretrain_removes_what_a_killed_export_left_before_it_trains(world, monk
         assert at_training == [False]
     finally:
         _cleanup(left)
+
+
+def test_build_dbs_removes_what_it_did_not_write_and_refuses_a_foreign_stray_first(world):
+    """DVC leaves build_dbs' outputs in place (persist: true), so the stage itself leaves what a
+    fresh build would: an earlier run's DB this run does not write and a killed run's temporaries
+    go; a stray it did not create stops it before any work."""
+    from pipeline.stores.build_dbs import run
+
+    txt = world / "db" / "txt"
+    stale = claim_dir(txt / "vqa_old", "build_dbs")  # e.g. a DB of a dataset no longer ingested
+    (stale / "data.mdb").write_bytes(b"old")
+    temp = claim_dir(txt / ".vqa_val.k1ll3d.tmp", "build_dbs")
+    (txt / "._run.json.k1ll3d.tmp").write_text("{")
+    stamps = {p: (p / "data.mdb").stat().st_mtime_ns for p in txt.iterdir() if (p / "data.mdb").is_file()}
+    for foreign in (decoy(txt / "notes"), txt / "notes.txt"):
+        if not foreign.exists():
+            foreign.write_text("precious\n")
+        try:
+            with pytest.raises(ForeignDirectoryError, match=str(foreign)):
+                run(params_for(world))
+            assert {p: (p / "data.mdb").stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
+        finally:
+            _cleanup(foreign) if foreign.is_dir() else foreign.unlink()
+    run(params_for(world))
+    assert not stale.exists() and not temp.exists() and not (txt / "._run.json.k1ll3d.tmp").exists()
+    assert not [p.name for p in txt.iterdir() if p.name.startswith(".")]

@@ -343,3 +343,30 @@ def test_world_real_with_only_the_release_on_disk_imports(tmp_path, tok):
     assert (tmp_path / "data" / "db" / "txt" / "pretrain_indomain_val" / "data.mdb").is_file()
     assert main(["build_dbs", "--params", str(params), "--set", "build_dbs.source=uniter_release",
                  "--set", f"build_dbs.uniter_release.root={root}"]) == 0
+
+
+def test_dbs_of_an_earlier_build_that_the_import_does_not_write_are_removed(tmp_path, tok):
+    """DVC leaves build_dbs' outputs in place (persist: true): a text DB of an earlier native build
+    (VCR, which the import does not convert) must not stay beside the imported ones."""
+    from pipeline.common.ownership import claim_dir
+
+    root, data = tmp_path / "release", tmp_path / "data"
+    _small_release(root, tok)
+    earlier = claim_dir(data / "db" / "txt" / "vcr_qa_train", "build_dbs")
+    (earlier / "data.mdb").write_bytes(b"an earlier build's")
+    run(params_for(data, f"build_dbs.uniter_release.root={root}"))
+    assert sorted(p.name for p in (data / "db" / "txt").iterdir()) == ["_run.json", "pretrain_indomain_val"]
+
+
+def test_a_full_disk_during_the_import_is_one_line_and_publishes_nothing(tmp_path, tok, monkeypatch):
+    from helpers.disk_full import fill_disk_at
+    from pipeline.common.failures import MACHINE_STATE, describe
+
+    root, data = tmp_path / "release", tmp_path / "data"
+    _small_release(root, tok)
+    fill_disk_at(monkeypatch, "/.uniter_import.tmp/txt/")  # a file of a staged text DB
+    with pytest.raises(OSError) as info:
+        run(params_for(data, f"build_dbs.uniter_release.root={root}"))
+    status, line = describe(info.value)
+    assert status == MACHINE_STATE and line.startswith("disk full: ") and "\n" not in line, line
+    assert not [p for p in (data / "db").rglob("*") if p.is_file()]  # nothing published, staging removed
