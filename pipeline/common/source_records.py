@@ -297,12 +297,25 @@ def load_json(path: Path) -> tuple[Any, bool]:
                                 f"{sys.getrecursionlimit()}); the file cannot be read as one document") from None
 
 
+_JSON_TYPES = {dict: "dict", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
 def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
-    """``doc[key]`` (or ``doc``) as a list, or SourceFormatError naming the file and key."""
-    value = doc.get(key) if key is not None and isinstance(doc, Mapping) else (doc if key is None else None)
+    """``doc[key]`` (or ``doc``) as a list, or SourceFormatError naming the file, the key and what
+    the file holds instead (another file's top level, an object without the key)."""
+    if key is not None and not isinstance(doc, Mapping):
+        raise SourceFormatError(f"{path}: expected a JSON object with a list at '{key}', got a "
+                                f"{_JSON_TYPES.get(type(doc), type(doc).__name__)}")
+    if key is not None and key not in doc:
+        keys = ", ".join(short_repr(k, 40).strip("'") for k in list(doc)[:10]) or "none"
+        raise SourceFormatError(f"{path}: expected a JSON object with a list at '{key}', it has no key '{key}' "
+                                f"(its keys: {keys})")
+    value = doc if key is None else doc[key]
     if not isinstance(value, list):
         where = f"'{key}'" if key else "the top level"
-        raise SourceFormatError(f"{path}: expected a list at {where}, got {type(value).__name__}")
+        raise SourceFormatError(f"{path}: expected a list at {where}, got a "
+                                f"{_JSON_TYPES.get(type(value), type(value).__name__)}")
     return value
 
 

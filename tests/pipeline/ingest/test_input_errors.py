@@ -79,6 +79,23 @@ def test_ingest_of_a_truncated_captions_file_exits_2_naming_file_and_position(tm
     assert not (tmp_path / "data" / "manifests" / "coco.parquet").exists()
 
 
+
+@pytest.mark.parametrize("text, said", [
+    ("[]", "expected a JSON object with a list at 'images', got a list"),
+    ('{"info": {}}', "expected a JSON object with a list at 'images', it has no key 'images' (its keys: info)"),
+    ('{"images": {}}', "expected a list at 'images', got a dict"),
+])
+def test_a_json_file_of_another_shape_says_what_it_holds(tmp_path, text, said):
+    """A top-level list, or an object without the key, was reported as "got NoneType"."""
+    from pipeline.common.source_records import expect_list
+
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(text)
+    with pytest.raises(SourceFormatError) as err:
+        expect_list(load_json(path)[0], path, "images")
+    assert str(err.value) == f"{path}: {said}"
+
+
 # --------------------------------------------------------------------------------------------
 # a line file saved with a byte order mark (an editor on Windows, a spreadsheet's "UTF-8 text")
 
