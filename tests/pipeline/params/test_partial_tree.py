@@ -151,7 +151,8 @@ def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, mes
 @pytest.mark.parametrize("argv, sets, message", [
     (["ingest"], ["ingest.datasets=[]"], "ingest: ingest.datasets is empty: nothing to ingest"),
     (["download"], ["ingest.datasets=[cc]"], None),
-    (["download"], ["ingest.datasets=[coco]"], "download: ingest.datasets names neither cc nor sbu: nothing to download"),
+    (["download"], ["ingest.datasets=[coco]"],
+     "download: ingest.datasets names neither cc nor sbu: nothing to download"),
 ])
 def test_a_command_left_with_nothing_to_run_says_so(only_cc, capsys, argv, sets, message):
     """``ingest`` / ``download`` without ITEM run the configured datasets; with none of them configured
@@ -185,3 +186,13 @@ def test_detector_weights_that_do_not_load_are_one_line_with_helper_processes(on
     assert f"error: {weights}: not a caffe-converted detectron2 pickle" in out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert not (data / "features").exists()
+
+
+@pytest.mark.parametrize("key, command", [("extract.weights", "extract"), ("build_dbs.tokenizer", "build_dbs")])
+def test_a_directory_for_a_weights_or_vocabulary_file_is_a_params_error(only_cc, tmp_path, key, command):
+    """It passed the path check (it exists), then extract said "detector weights not found" and
+    build_dbs raised a FileNotFoundError traceback "tokenizer file ... does not exist"."""
+    params, _, _ = only_cc
+    with pytest.raises(ParamsError, match=rf"{key}: a directory, expected a file: {tmp_path}"):
+        other = "extract.detector=butd_r101" if command == "extract" else "world=real"
+        load_params(params, [f"{key}={tmp_path}", other], command=command, item="cc")
