@@ -353,13 +353,28 @@ def decode_line(line: bytes) -> str | None:
         return None
 
 
+def _json_array_start(text: str) -> bool:
+    """True when line 1 of a JSON-lines file is the start of a JSON array (the records saved as one
+    document): a ``[`` that does not parse on its own, or a list of objects (a row never is one)."""
+    if not text.lstrip().startswith("["):
+        return False
+    try:
+        value = parse_json(text)
+    except (json.JSONDecodeError, RecursionError):
+        return True
+    return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
+
+
 def jsonl_records(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[str, dict, bytes] | Reject]:
     """Parse a JSON-lines file line by line: yields (locator, record, line bytes) or a Reject for a
-    line that is not UTF-8 (``non_utf8``), empty, not JSON or not an object (``malformed_row``)."""
+    line that is not UTF-8 (``non_utf8``), empty, not JSON or not an object (``malformed_row``).
+    Raises SourceFormatError for a file that is one JSON array instead (every row would be lost)."""
     source = str(path)
     for lineno, line in iter_lines(path, ctx, desc):
         locator = f"line {lineno}"
         text = decode_line(line)
+        if lineno == 1 and text is not None and _json_array_start(text):
+            raise SourceFormatError(f"{path}: a JSON array, expected JSON lines (one object a line)")
         if text is None:
             yield Reject(NON_UTF8, "line is not valid UTF-8", line, source, locator)
             continue

@@ -153,6 +153,32 @@ def test_a_compressed_source_file_is_refused_naming_it(tmp_path, dataset, key, p
     assert not (tmp_path / "data" / "manifests" / f"{dataset}.parquet").exists()
 
 
+
+@pytest.mark.parametrize("dataset, key, indent", [("vcr", "train", 1), ("nlvr2", "train", None),
+                                                  ("snli_ve", "train", None)])
+def test_a_json_array_in_place_of_json_lines_is_refused_naming_it(tmp_path, dataset, key, indent):
+    """The records saved as one JSON array (pretty-printed or on one line): every line, or the one
+    line, became a malformed_row reject, the split was empty and the ingest exited 0."""
+    from helpers.source_fixtures import ingest
+    from pipeline.params.parser import load_params
+
+    sets = [*fixture_overrides(tmp_path), "world=real"]
+    prefix = f"sources.{dataset}.{key}="
+    source = Path(next(s for s in sets if s.startswith(prefix))[len(prefix):])
+    records = []
+    for line in source.read_bytes().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    array = tmp_path / "array" / source.name
+    array.parent.mkdir()
+    array.write_text(json.dumps([r for r in records if isinstance(r, dict)], indent=indent))
+    with pytest.raises(SourceFormatError) as err:
+        ingest(load_params(REPO / "params.yaml", [*sets, prefix + str(array)]), dataset)
+    assert str(err.value) == f"{array}: a JSON array, expected JSON lines (one object a line)"
+
+
 # --------------------------------------------------------------------------------------------
 # torch checkpoints holding pickled Python objects
 
