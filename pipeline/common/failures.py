@@ -34,6 +34,7 @@ EXIT_STATUS: dict[str, int] = {
     "model.weights_file.UniterFormatError": BAD_INPUT,
     "pipeline.extract.detector.checkpoint.CheckpointError": BAD_INPUT,
     "pipeline.stores.readers.DamagedStoreError": BAD_INPUT,
+    "pipeline.stores.tokenization.TokenizerError": BAD_INPUT,
     # the machine's state
     "pipeline.common.ownership.ForeignDirectoryError": MACHINE_STATE,
     "pipeline.stores.lmdb_store.DiskFullError": MACHINE_STATE,

@@ -297,12 +297,25 @@ def load_json(path: Path) -> tuple[Any, bool]:
                                 f"{sys.getrecursionlimit()}); the file cannot be read as one document") from None
 
 
+_JSON_TYPES = {dict: "dict", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
 def expect_list(doc: Any, path: Path, key: str | None = None) -> list:
-    """``doc[key]`` (or ``doc``) as a list, or SourceFormatError naming the file and key."""
-    value = doc.get(key) if key is not None and isinstance(doc, Mapping) else (doc if key is None else None)
+    """``doc[key]`` (or ``doc``) as a list, or SourceFormatError naming the file, the key and what
+    the file holds instead (another file's top level, an object without the key)."""
+    if key is not None and not isinstance(doc, Mapping):
+        raise SourceFormatError(f"{path}: expected a JSON object with a list at '{key}', got a "
+                                f"{_JSON_TYPES.get(type(doc), type(doc).__name__)}")
+    if key is not None and key not in doc:
+        keys = ", ".join(short_repr(k, 40).strip("'") for k in list(doc)[:10]) or "none"
+        raise SourceFormatError(f"{path}: expected a JSON object with a list at '{key}', it has no key '{key}' "
+                                f"(its keys: {keys})")
+    value = doc if key is None else doc[key]
     if not isinstance(value, list):
         where = f"'{key}'" if key else "the top level"
-        raise SourceFormatError(f"{path}: expected a list at {where}, got {type(value).__name__}")
+        raise SourceFormatError(f"{path}: expected a list at {where}, got a "
+                                f"{_JSON_TYPES.get(type(value), type(value).__name__)}")
     return value
 
 
@@ -340,13 +353,28 @@ def decode_line(line: bytes) -> str | None:
         return None
 
 
+def _json_array_start(text: str) -> bool:
+    """True when line 1 of a JSON-lines file is the start of a JSON array (the records saved as one
+    document): a ``[`` that does not parse on its own, or a list of objects (a row never is one)."""
+    if not text.lstrip().startswith("["):
+        return False
+    try:
+        value = parse_json(text)
+    except (json.JSONDecodeError, RecursionError):
+        return True
+    return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
+
+
 def jsonl_records(path: Path, ctx: ReadContext, desc: str) -> Iterator[tuple[str, dict, bytes] | Reject]:
     """Parse a JSON-lines file line by line: yields (locator, record, line bytes) or a Reject for a
-    line that is not UTF-8 (``non_utf8``), empty, not JSON or not an object (``malformed_row``)."""
+    line that is not UTF-8 (``non_utf8``), empty, not JSON or not an object (``malformed_row``).
+    Raises SourceFormatError for a file that is one JSON array instead (every row would be lost)."""
     source = str(path)
     for lineno, line in iter_lines(path, ctx, desc):
         locator = f"line {lineno}"
         text = decode_line(line)
+        if lineno == 1 and text is not None and _json_array_start(text):
+            raise SourceFormatError(f"{path}: a JSON array, expected JSON lines (one object a line)")
         if text is None:
             yield Reject(NON_UTF8, "line is not valid UTF-8", line, source, locator)
             continue

@@ -91,7 +91,12 @@ def _write_url_list(root: Path, table: pa.Table) -> Path:
     path = root / URL_LIST
     shards = [p for p in root.glob("*_stats.json") if SHARD_RE.fullmatch(p.name.removesuffix("_stats.json"))]
     if path.exists() and shards:
-        old = pq.read_table(path)
+        try:
+            old = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as err:
+            raise DownloadError(f"{path}: not readable ({err}); the {len(shards)} shard(s) beside it were numbered "
+                                "against it: use a fresh sources image_root, or delete the shards to download "
+                                "again") from None
         if not old.equals(table):
             raise DownloadError(
                 f"{path}: the URL list changed since {len(shards)} shard(s) were downloaded against it "
@@ -121,7 +126,12 @@ def shard_stats(root: Path) -> dict[str, dict]:
     for path in sorted(root.glob("*_stats.json")):
         name = path.name.removesuffix("_stats.json")
         if SHARD_RE.fullmatch(name):
-            out[name] = json.loads(path.read_text())
+            try:
+                out[name] = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                # img2dataset writes it last, not atomically, and takes its mere presence for a finished shard
+                raise DownloadError(f"{path}: not readable JSON (an interrupted run cut it short?): delete it, "
+                                    f"then rerun the stage to fetch shard {name} again") from None
     return out
 
 

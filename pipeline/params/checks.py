@@ -38,10 +38,11 @@ def must_exist(default: Any = dataclasses.MISSING, *, kind: str | None = None, *
     return field(default=default, metadata=meta, **kwargs)
 
 
-def path_or_hub_id(files: str, default: Any = None) -> Any:
-    """A field holding a path that must exist, or a Hugging Face id that the local hub cache must
-    hold (pipeline/common/hf_cache.py; ``files``: which of its file lists, ``bert`` or ``tokenizer``)."""
-    return field(default=default, metadata={"must_exist": True, "hub_id": files})
+def path_or_hub_id(files: str, default: Any = None, *, kind: str | None = None) -> Any:
+    """A field holding a path that must exist (a ``kind``, as :func:`must_exist`), or a Hugging Face
+    id that the local hub cache must hold (pipeline/common/hf_cache.py; ``files``: which of its file
+    lists, ``bert`` or ``tokenizer``)."""
+    return field(default=default, metadata={"must_exist": True, "hub_id": files, **({"kind": kind} if kind else {})})
 
 
 def _number(x: float) -> str:

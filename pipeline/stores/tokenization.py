@@ -64,6 +64,11 @@ def _vocab_is_lowercase(vocab_file: Path) -> bool:
     return not any(t.lower() != t for t in tokens if not (t.startswith("[") and t.endswith("]")))
 
 
+class TokenizerError(ValueError):
+    """The tokenizer file is no WordPiece vocabulary with BERT's special tokens; the message names
+    it. The CLI reports it in one line, exit status 2 (pipeline/common/failures.py)."""
+
+
 class WordPieceTokenizer:
     """Text -> WordPiece ids (no special tokens) and back.
 
@@ -77,10 +82,13 @@ class WordPieceTokenizer:
 
         self.name, self.path = resolve_tokenizer_path(name)
         self.digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
-        if self.path.suffix == ".json":
-            self._tok = Tokenizer.from_file(str(self.path))
-        else:
-            self._tok = BertWordPieceTokenizer(str(self.path), lowercase=_vocab_is_lowercase(self.path))
+        try:
+            if self.path.suffix == ".json":
+                self._tok = Tokenizer.from_file(str(self.path))
+            else:
+                self._tok = BertWordPieceTokenizer(str(self.path), lowercase=_vocab_is_lowercase(self.path))
+        except Exception as err:  # the tokenizers library raises bare Exceptions (JSON) and TypeErrors (tokens)
+            raise self._not_a_vocabulary(f"{type(err).__name__}: {err}") from err
         # tokenizer.json files often carry fixed padding/truncation; we truncate ourselves and count it
         self._tok.no_padding()
         self._tok.no_truncation()
@@ -89,8 +97,12 @@ class WordPieceTokenizer:
         for token in SPECIAL_TOKENS:
             idx = self._tok.token_to_id(token)
             if idx is None:
-                raise ValueError(f"tokenizer {self.path} has no {token} token")
+                raise self._not_a_vocabulary(f"no {token} token")
             self.special_ids[token.strip("[]").lower()] = idx
+
+    def _not_a_vocabulary(self, why: str) -> TokenizerError:
+        return TokenizerError(f"build_dbs.tokenizer: {self.path}: not a WordPiece vocab.txt or tokenizer.json "
+                                 f"with BERT's special tokens ({why})")
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

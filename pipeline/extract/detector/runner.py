@@ -165,7 +165,17 @@ def _init_spawned_worker(settings: ExtractSettings, gpu_queue=None) -> None:
     from pipeline.common.malloc import keep_freed_memory
 
     keep_freed_memory()  # as the stage process did: malloc's settings are not inherited by a spawned child
-    _init_worker(settings, gpu_queue)
+    try:
+        _init_worker(settings, gpu_queue)
+    except Exception as err:
+        from pipeline.common.failures import describe
+
+        known = describe(err)
+        if known is None:
+            raise  # a bug: the pool prints the traceback
+        # bad weights and the like: the driver loads the same file and says it in one line with its
+        # exit status; a traceback from each helper would follow that line
+        os._exit(known[0])
     end_at_interpreter_exit()
 
 

@@ -239,3 +239,21 @@ def test_a_list_with_no_url_to_fetch_is_refused_before_anything_is_written(tmp_p
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"download@cc: no URL to fetch: the 3 lines of {tsv} were all rejected" in out.stderr
     assert "ingest cc" in out.stderr and not (tmp_path / "images").exists()
+
+
+@pytest.mark.parametrize("damaged, said", [
+    ("00000_stats.json", "not readable JSON (an interrupted run cut it short?): delete it"),
+    ("_download/url_list.parquet", "not readable (Could not open Parquet input source"),
+])
+def test_a_damaged_file_of_an_earlier_download_is_named(tmp_path, damaged, said):
+    """img2dataset writes a shard's _stats.json last and not atomically: a run killed then leaves it cut
+    short, and a rerun stopped on a JSONDecodeError traceback; a damaged URL list, on an ArrowInvalid one."""
+    from helpers.source_fixtures import partial_real_params, put_cc
+
+    params, datasets = partial_real_params(tmp_path)
+    images = put_cc(datasets, tmp_path / "scratch") / "images"
+    (images / damaged).parent.mkdir(exist_ok=True)
+    (images / damaged).write_text('{"count": ')
+    out = _cli("cc", "--params", str(params), "--set", f"sources.download.command={sys.executable}")
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert f"error: {images / damaged}: {said}" in out.stderr and "Traceback" not in out.stderr

@@ -79,6 +79,23 @@ def test_ingest_of_a_truncated_captions_file_exits_2_naming_file_and_position(tm
     assert not (tmp_path / "data" / "manifests" / "coco.parquet").exists()
 
 
+
+@pytest.mark.parametrize("text, said", [
+    ("[]", "expected a JSON object with a list at 'images', got a list"),
+    ('{"info": {}}', "expected a JSON object with a list at 'images', it has no key 'images' (its keys: info)"),
+    ('{"images": {}}', "expected a list at 'images', got a dict"),
+])
+def test_a_json_file_of_another_shape_says_what_it_holds(tmp_path, text, said):
+    """A top-level list, or an object without the key, was reported as "got NoneType"."""
+    from pipeline.common.source_records import expect_list
+
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(text)
+    with pytest.raises(SourceFormatError) as err:
+        expect_list(load_json(path)[0], path, "images")
+    assert str(err.value) == f"{path}: {said}"
+
+
 # --------------------------------------------------------------------------------------------
 # a line file saved with a byte order mark (an editor on Windows, a spreadsheet's "UTF-8 text")
 
@@ -134,6 +151,32 @@ def test_a_compressed_source_file_is_refused_naming_it(tmp_path, dataset, key, p
         ingest(params, dataset)
     assert str(err.value).startswith(f"{packed}: {pack}-compressed; decompress it")
     assert not (tmp_path / "data" / "manifests" / f"{dataset}.parquet").exists()
+
+
+
+@pytest.mark.parametrize("dataset, key, indent", [("vcr", "train", 1), ("nlvr2", "train", None),
+                                                  ("snli_ve", "train", None)])
+def test_a_json_array_in_place_of_json_lines_is_refused_naming_it(tmp_path, dataset, key, indent):
+    """The records saved as one JSON array (pretty-printed or on one line): every line, or the one
+    line, became a malformed_row reject, the split was empty and the ingest exited 0."""
+    from helpers.source_fixtures import ingest
+    from pipeline.params.parser import load_params
+
+    sets = [*fixture_overrides(tmp_path), "world=real"]
+    prefix = f"sources.{dataset}.{key}="
+    source = Path(next(s for s in sets if s.startswith(prefix))[len(prefix):])
+    records = []
+    for line in source.read_bytes().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    array = tmp_path / "array" / source.name
+    array.parent.mkdir()
+    array.write_text(json.dumps([r for r in records if isinstance(r, dict)], indent=indent))
+    with pytest.raises(SourceFormatError) as err:
+        ingest(load_params(REPO / "params.yaml", [*sets, prefix + str(array)]), dataset)
+    assert str(err.value) == f"{array}: a JSON array, expected JSON lines (one object a line)"
 
 
 # --------------------------------------------------------------------------------------------

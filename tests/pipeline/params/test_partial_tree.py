@@ -151,7 +151,8 @@ def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, mes
 @pytest.mark.parametrize("argv, sets, message", [
     (["ingest"], ["ingest.datasets=[]"], "ingest: ingest.datasets is empty: nothing to ingest"),
     (["download"], ["ingest.datasets=[cc]"], None),
-    (["download"], ["ingest.datasets=[coco]"], "download: ingest.datasets names neither cc nor sbu: nothing to download"),
+    (["download"], ["ingest.datasets=[coco]"],
+     "download: ingest.datasets names neither cc nor sbu: nothing to download"),
 ])
 def test_a_command_left_with_nothing_to_run_says_so(only_cc, capsys, argv, sets, message):
     """``ingest`` / ``download`` without ITEM run the configured datasets; with none of them configured
@@ -166,3 +167,32 @@ def test_a_command_left_with_nothing_to_run_says_so(only_cc, capsys, argv, sets,
         return
     assert main(args) == 2
     assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_detector_weights_that_do_not_load_are_one_line_with_helper_processes(only_cc, tmp_path):
+    """extract with workers: the driver reported the bad weights file in one line, then each spawned
+    helper, which loads the same file, printed its own traceback ("Exception in initializer")."""
+    import subprocess
+    import sys
+
+    params, _, data = only_cc
+    assert main(["ingest", "cc", "--params", str(params)]) == 0
+    weights = tmp_path / "faster_rcnn_from_caffe_attr.pkl"
+    weights.write_bytes(b"not a pickle\n")
+    sets = ["extract.detector=butd_r101", f"extract.weights={weights}", "extract.device=cpu", "extract.workers=2"]
+    out = subprocess.run([sys.executable, "-m", "pipeline", "extract", "cc", "--params", str(params),
+                          *(a for s in sets for a in ("--set", s))], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"error: {weights}: not a caffe-converted detectron2 pickle" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert not (data / "features").exists()
+
+
+@pytest.mark.parametrize("key, command", [("extract.weights", "extract"), ("build_dbs.tokenizer", "build_dbs")])
+def test_a_directory_for_a_weights_or_vocabulary_file_is_a_params_error(only_cc, tmp_path, key, command):
+    """It passed the path check (it exists), then extract said "detector weights not found" and
+    build_dbs raised a FileNotFoundError traceback "tokenizer file ... does not exist"."""
+    params, _, _ = only_cc
+    with pytest.raises(ParamsError, match=rf"{key}: a directory, expected a file: {tmp_path}"):
+        other = "extract.detector=butd_r101" if command == "extract" else "world=real"
+        load_params(params, [f"{key}={tmp_path}", other], command=command, item="cc")

@@ -119,3 +119,25 @@ def test_an_import_that_writes_no_db_leaves_the_earlier_run_records(tmp_path, ca
     assert {p: p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()} == before
     report = json.loads((tmp_path / "data" / "reports" / "uniter_import" / "report.json").read_text())
     assert report["image_dbs"]["coco"]["skipped"] == {"too_few_regions": 1}
+
+
+VOCABULARIES = {  # name: the bytes of a build_dbs.tokenizer file that is no WordPiece vocabulary
+    "vocab.txt gzipped": ("vocab.txt", lambda vocab: __import__("gzip").compress(vocab)),
+    "vocab.txt without [SEP]": ("vocab.txt", lambda vocab: vocab.replace(b"[SEP]\n", b"")),
+    "vocab.txt not UTF-8": ("vocab.txt", lambda vocab: vocab + "caf\xe9\n".encode("latin-1")),
+    "tokenizer.json cut short": ("tokenizer.json", lambda vocab: b'{"model": '),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(VOCABULARIES))
+def test_a_tokenizer_file_that_is_no_vocabulary_is_one_line_naming_it(tmp_path, capsys, damage):
+    """A UnicodeDecodeError, the tokenizers library's bare Exception, a TypeError ("sep_token not
+    found") or a ValueError, each with its traceback; the importer reads the tokenizer first."""
+    _, sets = _release(tmp_path)
+    name, spoil = VOCABULARIES[damage]
+    path = tmp_path / name
+    path.write_bytes(spoil(WordPieceTokenizer().path.read_bytes()))
+    assert _import([*sets, f"build_dbs.tokenizer={path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: build_dbs.tokenizer: {path}: " in err and "Traceback" not in err
+    assert not (tmp_path / "data" / "db").exists()
