@@ -46,7 +46,7 @@ from pipeline.stores.uniter_release.formats import IMAGE_FIELDS, UnsafeEntryErro
 EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))
 N = 3  # entries per release DB
 REASONS = {"unreadable", "missing_field", "bad_shape", "too_few_regions", "not_in_nbb", "unmapped_name",
-           "duplicate_image", "missing_record", "bad_field", "missing_image"}
+           "duplicate_image", "missing_record", "bad_field", "missing_image", "bad_key"}
 
 pytestmark = pytest.mark.stage  # runs the importer (not in `make test-unit`)
 
