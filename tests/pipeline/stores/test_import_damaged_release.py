@@ -1,5 +1,6 @@
 """import_uniter_db on a release whose side files or LMDBs are damaged, as a download cut short or a
-hand edit leaves them: one ``error:`` line naming the file, exit status 2, nothing written.
+hand edit leaves them: one ``error:`` line naming the file, exit status 2, nothing written; and on
+odd ``id2len.json`` keys, each imported or skipped with a reason.
 
 The release is written by the writers of test_import_uniter_db.py (UNITER's own formats).
 """
