@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -171,6 +172,22 @@ def remove_stale_temps(final: Path | str) -> None:
         if stale.is_dir() and not stale.is_symlink() and (stale.name.endswith(".tmp") or
                                                             stale.name.startswith(f".{final.name}.old.")):
             remove_owned(stale)
+
+
+def remove_stale_temp_files(final: Path | str) -> None:
+    """Delete the files that atomic writes of the file ``final`` left when killed before their
+    rename: ``.<name>.<random>.tmp`` beside it, the random part as :func:`tempfile.mkstemp` names it.
+
+    Nothing else matches (another file's temporaries, a directory, a link). The caller holds the
+    lock of the stage writing ``final``, so no live write of it is running meanwhile.
+    """
+    final = Path(final)
+    own = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]+\.tmp")
+    if not final.parent.is_dir():
+        return
+    for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*.tmp")):
+        if own.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
+            stale.unlink(missing_ok=True)
 
 
 def preflight(*paths: Path | str) -> None:

@@ -9,7 +9,8 @@ streams both outputs in chunks of ``params.ingest.chunk_rows``:
     <paths.data>/manifests/<dataset>._run.json        (counts: rows_in = manifest_rows + rejects)
 
 Every byte of the three is written to temporary files first, then they are renamed into place,
-the run record last (:func:`publish_all_or_none`).
+the run record last (:func:`publish_all_or_none`). A run first removes the temporaries a killed
+run of the same dataset left (``.<dataset>.parquet.<random>.tmp`` and the like), no other file.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.common.ownership import ForeignDirectoryError
+from pipeline.common.ownership import ForeignDirectoryError, remove_stale_temp_files
 from pipeline.common.runinfo import RunRecord, json_bytes, stage_bytes
 from pipeline.common.image_io import probe_image_detail
 from pipeline.ingest.manifest import BATCH_ROWS, REJECT_SCHEMA, ParquetStreamWriter, manifest_schema
@@ -189,9 +190,12 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
                       progress=progress)
     checker = ImageChecker(full=cfg.full_image_check, max_pixels=cfg.max_image_pixels,
                            cache=reader.IMAGES_REPEAT) if cfg.check_images else None
-    for path in (out_dir / f"{dataset}{end}" for end in (".parquet", ".rejects.parquet", "._run.json")):
+    outputs = [out_dir / f"{dataset}{end}" for end in (".parquet", ".rejects.parquet", "._run.json")]
+    for path in outputs:
         if path.is_dir() and not path.is_symlink():  # checked before the work, not found at its end
             raise ForeignDirectoryError(path, "replace with the stage's output file")
+    for path in outputs:  # what a killed run of this dataset left (this dataset's lock is held)
+        remove_stale_temp_files(path)
     seen, reasons, rows_in = SeenKeys(), Counter(), 0
     manifest = ParquetStreamWriter(out_dir / f"{dataset}.parquet", manifest_schema(reader.COLUMNS),
                                    chunk_rows=cfg.chunk_rows)

@@ -31,6 +31,7 @@ NBB_FILE = "nbb.json"
 ID2LEN_FILE = "id2len.json"
 TXT2IMG_FILE = "txt2img.json"
 IMG2TXTS_FILE = "img2txts.json"
+MAX_KEY_BYTES = 511  # LMDB's key size limit (its default build; lmdb.Environment.max_key_size())
 INITIAL_MAP_SIZE = 64 << 20  # fixed start: the doubling path (and so the file bytes) depends only on the data
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

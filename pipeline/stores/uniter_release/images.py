@@ -4,7 +4,8 @@ Several release directories can feed one DB (``coco_train2014`` + ``coco_val2014
 Each entry is cut to the region count of the release's nbb file (or, where the release has no nbb
 file, to the count its rule gives from the entry's ``conf``), converted by
 :func:`~pipeline.stores.uniter_release.formats.image_record` and written in sorted id order. Entries that
-cannot be converted are skipped and counted by reason; one that would need pickle stops the import.
+cannot be converted are skipped and counted by reason, as are those whose feature or class count is
+not the DB's (the most common in a sample of its entries); one that would need pickle stops the import.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pipeline.stores.uniter_release.layout import image_id
 log = logging.getLogger(__name__)
 STAGE = "import_uniter_db"
 SAMPLES_PER_REASON = 5  # skipped entries shown per reason in the report
+SHAPE_SAMPLE = 64  # entries decoded up front to decide a DB's (D, C+1): one damaged entry is outvoted
 
 
 @dataclass(frozen=True)
@@ -139,34 +141,62 @@ class _Tally:
     nbb: dict[str, int] = field(default_factory=dict)
     beyond_nbb: int = 0
     nbb_from: Counter = field(default_factory=Counter)
-    shape: tuple[int, int] | None = None  # (D, C+1) of the first image written
+    shape: tuple[int, int] | None = None  # (D, C+1) of the DB: expected_shape()
 
     def counts(self) -> dict[str, Any]:
         return {"images": len(self.nbb), "regions": sum(self.nbb.values()), "regions_beyond_nbb": self.beyond_nbb,
                 "nbb_from": dict(sorted(self.nbb_from.items()))}
 
 
+def _convert(db: ReleaseImageDb, txn: Any, fname: str, rule: Rule) -> tuple[dict[str, Any], int, str, int]:
+    """(project record, regions kept, where the count came from, regions stored) of one release entry;
+    raises :class:`EntryFormatError` when it does not convert."""
+    fields = decode_image_entry(txn.get(fname.encode("utf-8")), compressed=db.compressed, db=db.lmdb_path, key=fname)
+    nbb, how = _num_bb(db, fname, fields, rule)
+    return image_record(fields, nbb, db=db.lmdb_path, key=fname), nbb, how, fields["features"].shape[0]
+
+
+def _dims(rec: dict[str, Any]) -> tuple[int, int]:
+    return rec["features"].shape[1], rec["soft_labels"].shape[1]
+
+
+def expected_shape(dbs: Sequence[ReleaseImageDb], txns: Sequence[Any], entries: list[tuple[bytes, int, str]],
+                   rule: Rule) -> tuple[tuple[int, int], int] | None:
+    """(the DB's (D, C+1), entries it was decided from): the most common among up to
+    :data:`SHAPE_SAMPLE` entries spread evenly over ``entries`` (a tie: the one met first), so one
+    damaged entry cannot set the shape that all others are measured by. None: no sampled entry converts."""
+    seen: Counter = Counter()
+    for _, d, fname in entries[::max(1, len(entries) // SHAPE_SAMPLE)][:SHAPE_SAMPLE]:
+        try:
+            seen[_dims(_convert(dbs[d], txns[d], fname, rule)[0])] += 1
+        except EntryFormatError:  # counted when the entry's turn comes
+            continue
+    return (seen.most_common(1)[0][0], seen.total()) if seen else None
+
+
 def _records(dbs: Sequence[ReleaseImageDb], txns: Sequence[Any], entries: list[tuple[bytes, int, str]], rule: Rule,
              skips: SkipLog, tally: _Tally) -> Iterator[tuple[bytes, str, dict[str, Any]]]:
-    """(key, release name, project record) of each entry that converts; the others go to ``skips``."""
+    """(key, release name, project record) of each entry that converts and has the DB's (D, C+1)
+    (:func:`expected_shape`; the first converted entry's where no sampled one converts); the
+    others go to ``skips``."""
+    decided = expected_shape(dbs, txns, entries, rule)
+    tally.shape, basis = decided if decided else (None, 0)
+    why = f"the most common in {basis} sampled entries" if basis else "its first entry converted"
     for key, d, fname in entries:
         db = dbs[d]
         try:
-            fields = decode_image_entry(txns[d].get(fname.encode("utf-8")), compressed=db.compressed,
-                                        db=db.lmdb_path, key=fname)
-            nbb, how = _num_bb(db, fname, fields, rule)
-            rec = image_record(fields, nbb, db=db.lmdb_path, key=fname)
+            rec, nbb, how, stored = _convert(db, txns[d], fname, rule)
         except EntryFormatError as err:
             skips.add(err.reason, str(err))
             continue
-        dims = (rec["features"].shape[1], rec["soft_labels"].shape[1])
+        dims = _dims(rec)
         if tally.shape is not None and dims != tally.shape:
-            skips.add("bad_shape", f"{db.lmdb_path}: {fname!r} has D, C+1 = {dims}, the DB so far {tally.shape}")
+            skips.add("bad_shape", f"{db.lmdb_path}: {fname!r} has D, C+1 = {dims}, the DB {tally.shape} ({why})")
             continue
         tally.shape = dims
         tally.nbb[key.decode("utf-8")] = nbb
         tally.nbb_from[how] += 1
-        tally.beyond_nbb += fields["features"].shape[0] - nbb
+        tally.beyond_nbb += stored - nbb
         yield key, fname, rec
 
 

@@ -23,8 +23,8 @@ from pipeline.common.progress import track
 from pipeline.common.ownership import atomic_dir
 from pipeline.common.runinfo import RunRecord, atomic_write_json
 from pipeline.common.source_records import SourceFormatError
-from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
-                                        encode_value, text_length)
+from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, MAX_KEY_BYTES, META_FILE, TXT2IMG_FILE,
+                                        TXT_DB_KIND, LmdbWriter, encode_value, text_length)
 from pipeline.stores.text_db_builder import SNLI_LABELS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import EntryFormatError, decode_text_entry, release_json
@@ -133,13 +133,34 @@ def _images(rec: dict[str, Any], layout: str, images: dict[str, str], where: str
     return None if None in found else found
 
 
-def _example(target: TextTarget, buf: memoryview | None, path: Path, key: str, *, vocab: int,
-             images: dict[str, str], num_answers: int, max_len: int) -> tuple[dict[str, Any], bool]:
-    """One stored release entry -> (this project's record, whether its text was cut to ``max_len``).
+def key_problem(key: str, eid: str) -> str | None:
+    """Why the id2len.json key ``key`` (this project's id ``eid``) cannot be an LMDB key, or None."""
+    try:
+        size, qualified = len(key.encode("utf-8")), len(eid.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate): no UTF-8 LMDB key can name it"
+    if not 0 < size <= MAX_KEY_BYTES:
+        return f"has {size} bytes, expected 1 to {MAX_KEY_BYTES} (LMDB's key size)"
+    if qualified > MAX_KEY_BYTES:
+        return f"becomes id {eid[:40]!r}... of {qualified} bytes here, over LMDB's {MAX_KEY_BYTES}"
+    return None
 
-    Raises :class:`EntryFormatError` (``missing_record``, ``unreadable``, ``bad_field``, ``missing_image``).
+
+def _shown(key: str) -> str:
+    return repr(key) if len(key) <= 60 else f"{key[:40]!r}... ({len(key)} characters)"
+
+
+def _example(target: TextTarget, txn: Any, path: Path, key: str, eid: str, *, vocab: int,
+             images: dict[str, str], num_answers: int, max_len: int) -> tuple[dict[str, Any], bool]:
+    """Release entry ``key`` of ``txn`` -> (this project's record ``eid``, whether its text was cut to ``max_len``).
+
+    Raises :class:`EntryFormatError` (``bad_key``, ``missing_record``, ``unreadable``, ``bad_field``,
+    ``missing_image``).
     """
+    if (bad := key_problem(key, eid)) is not None:
+        raise EntryFormatError("bad_key", f"{path / ID2LEN_FILE}: key {_shown(key)} {bad}")
     where = f"{path}: entry {key!r}"
+    buf = txn.get(key.encode("utf-8"))
     if buf is None:
         raise EntryFormatError("missing_record", f"{where} is in id2len.json but not in the LMDB")
     rec = decode_text_entry(buf, db=path, key=key)
@@ -174,9 +195,8 @@ def convert_text_db(target: TextTarget, release_dbs: list[Path], out_dir: Path, 
             try:
                 for eid, src, key in track(order, desc=f"import text DB {target.name}", unit="ex", mininterval=2.0):
                     try:
-                        value, cut = _example(target, txns[src].get(key.encode("utf-8")), paths[src], key,
-                                              vocab=tok.vocab_size, images=images, num_answers=num_answers,
-                                              max_len=max_len)
+                        value, cut = _example(target, txns[src], paths[src], key, eid, vocab=tok.vocab_size,
+                                              images=images, num_answers=num_answers, max_len=max_len)
                     except EntryFormatError as err:
                         skips.add(err.reason, str(err))
                         continue

@@ -2,64 +2,22 @@
 pretraining export's writes, then a rerun: it must succeed and leave exactly the bytes of an
 uninterrupted run (no leftover temporaries, no directory that locks the stage out).
 
-The kill comes from a test-only audit hook (``sys.addaudithook``) installed in a forked child: it
-counts the operations that change the filesystem (mkdir, open for writing, chmod, rename/replace,
-unlink, rmdir) and kills the process just before the k-th one. Production code has no hook. k runs
-from 1 until the operation finishes without reaching k, so every step is a kill point.
+The kill comes from a test-only audit hook (tests/helpers/kill.py) in a forked child, just before
+the k-th operation that changes the filesystem. Production code has no hook. k runs from 1 until
+the operation finishes without reaching k, so every step is a kill point.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from helpers.kill import run_killed_at
 from pipeline.common.ownership import atomic_dir, claim_dir, remove_owned, write_marker
 from pipeline.common.runinfo import atomic_write_bytes, atomic_write_json
-
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_MUTATING = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.chmod", "os.truncate", "os.symlink", "os.link"}
-
-
-def _is_step(event: str, args: tuple) -> bool:
-    if event in _MUTATING:
-        return True
-    if event == "open":  # (path, mode, flags): only opens that may write
-        mode, flags = args[1], args[2]
-        return (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
-    return False
-
-
-def _run_killed_at(op: Callable[[Path], None], root: Path, k: int) -> bool:
-    """Run ``op(root)`` in a forked child killed just before its k-th filesystem step; True when
-    the kill happened, False when ``op`` finished first (k is past its last step)."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            seen = [0]
-
-            def hook(event, args):
-                if _is_step(event, args):
-                    seen[0] += 1
-                    if seen[0] == k:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-            sys.addaudithook(hook)
-            op(root)
-            os._exit(0)
-        except BaseException:  # noqa: BLE001 - report any failure as exit 1
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return True
-    assert os.WEXITSTATUS(status) == 0, f"the operation failed (exit {os.WEXITSTATUS(status)}) before step {k}"
-    return False
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
@@ -81,7 +39,7 @@ def _kill_everywhere(tmp_path: Path, setup: Callable[[Path], None], op: Callable
         root = tmp_path / f"k{k}"
         root.mkdir()
         setup(root)
-        if not _run_killed_at(op, root, k):
+        if not run_killed_at(op, root, k):
             shutil.rmtree(root)
             return k - 1
         op(root)  # the rerun

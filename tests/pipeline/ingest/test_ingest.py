@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import pickle
@@ -284,3 +285,40 @@ def test_a_directory_in_place_of_an_output_is_refused_before_the_work(params, ou
     with pytest.raises(ForeignDirectoryError, match=str(target)):
         ingest_dataset(params, "coco", progress=False)
     assert (target / "sub").is_dir() and not (target.parent / "coco.parquet").exists()
+
+
+def _manifests(root: Path) -> dict[str, object]:
+    """The files of ``root/manifests``: bytes, a run record without its wall time, memory and paths."""
+    out = {}
+    for p in sorted((root / "manifests").iterdir()):
+        if p.name.endswith("._run.json"):
+            rec = json.loads(p.read_text().replace(str(root), "<data>"))
+            out[p.name] = {k: v for k, v in rec.items() if k not in ("wall_time_s", "peak_rss_mb")}
+        else:
+            out[p.name] = p.read_bytes()
+    return out
+
+
+def test_a_kill_at_any_step_of_ingest_then_a_rerun_gives_the_outputs_of_a_clean_run(params, tmp_path):
+    """A killed ingest left its ``.coco.*.tmp`` files in manifests/ and nothing removed them. The
+    rerun removes its own dataset's (another dataset's, as ``ingest@vg`` may be writing it, stays)."""
+    from helpers.kill import run_killed_at
+
+    def ingest(root: Path) -> None:
+        ingest_dataset(dataclasses.replace(params, paths=dataclasses.replace(params.paths, data=root)), "coco",
+                       progress=False)
+
+    ingest(tmp_path / "clean")
+    expected = _manifests(tmp_path / "clean")
+    other = ".vg.parquet.x1y2z3ab.tmp"
+    for k in itertools.count(1):
+        root = tmp_path / f"k{k}"
+        (root / "manifests").mkdir(parents=True)
+        (root / "manifests" / other).write_bytes(b"being written by ingest@vg")
+        if not run_killed_at(ingest, root, k):
+            break
+        ingest(root)
+        got = _manifests(root)
+        assert got.pop(other) == b"being written by ingest@vg"
+        assert got == expected, f"after a kill at step {k} and a rerun: {sorted(set(got) ^ set(expected))}"
+    assert k > 6  # the three temporaries, their renames and the old record's removal

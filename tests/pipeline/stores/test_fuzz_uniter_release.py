@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from helpers.dbs_synthetic import params_for
-from helpers.uniter_release import D, coco, msgpack_value, npz_value, regions, write_img_db, write_txt_db
+from helpers.uniter_release import C1, D, coco, msgpack_value, npz_value, regions, write_img_db, write_txt_db
 from pipeline.common.failures import BAD_INPUT, describe
 from pipeline.common.source_records import SourceFormatError
 from pipeline.stores.import_uniter_db import run
@@ -46,7 +46,7 @@ from pipeline.stores.uniter_release.formats import IMAGE_FIELDS, UnsafeEntryErro
 EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))
 N = 3  # entries per release DB
 REASONS = {"unreadable", "missing_field", "bad_shape", "too_few_regions", "not_in_nbb", "unmapped_name",
-           "duplicate_image", "missing_record", "bad_field", "missing_image"}
+           "duplicate_image", "missing_record", "bad_field", "missing_image", "bad_key"}
 
 pytestmark = pytest.mark.stage  # runs the importer (not in `make test-unit`)
 
@@ -352,3 +352,18 @@ def test_a_text_field_of_the_wrong_kind_is_a_skipped_entry(tmp_path, tok, db, fi
     key = sorted(clean_release(np.random.default_rng(0))[db])[0]
     entry = _one_damaged(tmp_path, tok, db, key, field=field, value=value)
     assert entry["skipped"] == {"bad_field": 1}, entry
+
+
+@pytest.mark.parametrize("db, key", [("img_db/coco_val2014", COCO[0]), ("img_db/flickr30k", FLICKR[0])])
+@pytest.mark.parametrize("field, width", [("features", D + 4), ("soft_labels", 3)])
+def test_a_first_entry_of_another_width_costs_that_entry_only(tmp_path, tok, db, key, field, width):
+    """The DB's (D, C+1) was the first converted entry's: a damaged first entry made every good one a
+    ``bad_shape`` skip (counts balanced, the DB held one image). It is the most common in a sample."""
+    fields = clean_release(np.random.default_rng(0))[db][key]
+    value = np.ones((fields[field].shape[0], width), dtype=fields[field].dtype)
+    entry = _one_damaged(tmp_path, tok, db, key, field=field, value=value)
+    assert entry["skipped"] == {"bad_shape": 1} and entry["images"] == N - 1, entry
+    assert repr(key) in entry["skipped_samples"]["bad_shape"][0]
+    name = RELEASE_DBS[db][0]
+    written = ImageDb(tmp_path / "data" / "db" / "img" / name)
+    assert (written.feature_dim, written.num_classes) == (D, C1)

@@ -1,5 +1,6 @@
 """import_uniter_db on a release whose side files or LMDBs are damaged, as a download cut short or a
-hand edit leaves them: one ``error:`` line naming the file, exit status 2, nothing written.
+hand edit leaves them: one ``error:`` line naming the file, exit status 2, nothing written; and on
+odd ``id2len.json`` keys, each imported or skipped with a reason.
 
 The release is written by the writers of test_import_uniter_db.py (UNITER's own formats).
 """
@@ -8,9 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
+import lmdb
+import lz4.frame
+import msgpack
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from helpers.uniter_release import FEAT
 from pipeline.__main__ import main
@@ -63,6 +70,7 @@ DAMAGE = {  # name: (file below tmp_path ("release/..." or a side file), how it 
     "id2len.json missing": ("release" / ID2LEN, Path.unlink),
     "id2len.json cut short": ("release" / ID2LEN, lambda p: p.write_text('{"1": ')),
     "id2len.json a list": ("release" / ID2LEN, lambda p: p.write_text("[1]")),
+    "id2len.json a number key": ("release" / ID2LEN, lambda p: p.write_text('{1: 3}')),
     "class names not UTF-8": ("classes.txt", lambda p: p.write_bytes("caf\xe9\n".encode("latin-1"))),
     "class names a directory": ("classes.txt", _dir),
     "class names missing": ("classes.txt", Path.unlink),
@@ -141,3 +149,64 @@ def test_a_tokenizer_file_that_is_no_vocabulary_is_one_line_naming_it(tmp_path, 
     err = capsys.readouterr().err
     assert f"error: build_dbs.tokenizer: {path}: " in err and "Traceback" not in err
     assert not (tmp_path / "data" / "db").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# id2len.json's keys: the ids the import looks up in the release's LMDB and writes into its own
+
+EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))  # as test_fuzz_uniter_release.py
+LMDB_KEY_BYTES = 511  # LMDB's key size limit
+QUALIFIED = "pretrain_coco_val:"  # the project's id of release key k: QUALIFIED + k
+ODD_KEYS = ["", "\ud800", "a\udfffb", "x" * 511, "x" * 512, "\xe9" * 256, "k" * 494, "k" * 493, "\x00", " ",
+            "1" * 5000, "\U0001f4a5", "a:b", "nul\x00x", "\u202e", "0"]
+ODD_LENGTHS = [3, 0, -1, None, "3", [3], {"n": 3}, 1e300, True, 2**70]
+
+
+def _fate(key: str, stored: bool) -> str:
+    """What the import must do with an id2len.json key: imported, or the reason it is skipped."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 key can name it
+        return "bad_key"
+    if not 0 < size <= LMDB_KEY_BYTES or len(QUALIFIED.encode()) + size > LMDB_KEY_BYTES:
+        return "bad_key"
+    return "imported" if stored else "missing_record"
+
+
+def test_every_id2len_key_is_imported_or_skipped_with_a_reason(tmp_path_factory, capsys):
+    """A lone surrogate, an empty key, a key over LMDB's 511 bytes (or one that is over it once
+    qualified with its DB's name) was a traceback (UnicodeEncodeError, lmdb.BadValsizeError)."""
+    text = st.text(st.characters(exclude_categories=()), max_size=12)
+    keys = st.lists(st.one_of(st.sampled_from(ODD_KEYS), text), min_size=1, max_size=4, unique=True)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 12,
+              phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if EXAMPLES > 12 else []),
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(keys=keys.filter(lambda ks: "1" not in ks), data=st.data())
+    def check(keys, data):
+        tmp = tmp_path_factory.mktemp("release")
+        root, sets = _release(tmp)
+        db = root / ID2LEN.parent
+        fates = {}
+        env = lmdb.open(str(db), map_size=64 << 20)
+        with env.begin(write=True) as txn:
+            for key in keys:
+                stored = data.draw(st.booleans()) and _fate(key, True) != "bad_key"
+                if stored or (_fate(key, True) == "bad_key" and 0 < len(key.encode("utf-8", "replace")) <= 511):
+                    record = {"input_ids": [2000], "img_fname": writers.coco("val2014", 3)}
+                    txn.put(key.encode("utf-8", "surrogatepass"), lz4.frame.compress(msgpack.packb(record)))
+                fates[key] = _fate(key, stored)
+        env.close()
+        id2len = json.loads((root / ID2LEN).read_text())
+        id2len |= {key: data.draw(st.sampled_from(ODD_LENGTHS)) for key in keys}
+        (root / ID2LEN).write_text(json.dumps(id2len))
+        assert _import(sets) == 0
+        assert "Traceback" not in capsys.readouterr().err
+        report = json.loads((tmp / "data" / "reports" / "uniter_import" / "report.json").read_text())
+        entry = report["text_dbs"]["pretrain_indomain_val"]
+        want = {r: sum(f == r for f in fates.values()) for r in ("bad_key", "missing_record")}
+        assert entry["examples"] == 1 + sum(f == "imported" for f in fates.values()), (fates, entry)
+        assert entry.get("skipped", {}) == {r: n for r, n in want.items() if n}, (fates, entry)
+        assert all(str(db) in s for s in entry.get("skipped_samples", {}).get("bad_key", []))
+
+    check()
