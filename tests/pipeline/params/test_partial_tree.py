@@ -138,10 +138,12 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
     (["extract", "cocoo"], "extract: unknown item 'cocoo'; expected one of ['cc', 'coco',"),
     (["extract", "cc:3/2"], "extract: item 'cc:3/2': expected SOURCE:k/K with 1 <= k <= K"),
     (["download", "coco"], "download: no download for dataset 'coco' (one of cc, sbu)"),
+    (["finetune", "vqaa"], "finetune: unknown task 'vqaa' (the ITEM of `finetune`); expected one of vqa, vcr, nlvr2, "
+                           "snli_ve, retrieval_flickr, refcoco_plus"),
 ])
 def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, message):
-    """A misspelt ITEM was a ValueError traceback (ingest, extract) or exit status 1, the machine's
-    state (download); it is a bad argument: exit status 2, one line."""
+    """A misspelt ITEM was a ValueError traceback (ingest, extract, finetune) or exit status 1, the
+    machine's state (download); it is a bad argument: exit status 2, one line."""
     params, _, data = only_cc
     assert main([*argv, "--params", str(params)]) == 2
     assert f"error: {message}" in capsys.readouterr().err
