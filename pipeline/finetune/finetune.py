@@ -79,6 +79,11 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def check_item(params: Params, item: str) -> None:
+    """:func:`check_tasks` of one ITEM; the CLI calls it before taking the locks."""
+    check_tasks(params, [item])
+
+
 def check_tasks(params: Params, names: list[str]) -> None:
     """Refuse a task (an ITEM of the CLI) that does not exist or has no budget in ``finetune.per_task``.
 

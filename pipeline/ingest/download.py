@@ -135,10 +135,15 @@ def shard_stats(root: Path) -> dict[str, dict]:
     return out
 
 
+def check_item(params, item: str) -> None:
+    """Refuse an ITEM that is not a downloaded dataset (ParamsError); the CLI calls it before taking the locks."""
+    if item not in DATASETS:
+        raise ParamsError(f"download: no download for dataset {item!r} (one of {', '.join(DATASETS)})")
+
+
 def download_dataset(params, dataset: str) -> dict[str, int]:
     """Download one dataset's images; returns the counts written to ``download._run.json``."""
-    if dataset not in DATASETS:
-        raise ParamsError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
+    check_item(params, dataset)
     _check_inputs(params, dataset)
     src, cfg = getattr(params.sources, dataset), params.sources.download
     root = Path(src.image_root)

@@ -241,6 +241,11 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
     return result
 
 
+def check_item(params, item: str) -> None:
+    """Refuse an ITEM that names no dataset (ParamsError); the CLI calls it before taking the locks."""
+    load_reader(item)
+
+
 def run(params, item: str | None = None) -> list[IngestResult]:
     """Stage entry: ingest ``item`` (a dataset name) or every dataset of ``params.ingest.datasets``."""
     datasets: Sequence[str] = [item] if item else list(params.ingest.datasets)

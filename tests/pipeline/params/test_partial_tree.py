@@ -143,11 +143,12 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
 ])
 def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, message):
     """A misspelt ITEM was a ValueError traceback (ingest, extract, finetune) or exit status 1, the
-    machine's state (download); it is a bad argument: exit status 2, one line."""
+    machine's state (download); it is a bad argument: exit status 2, one line. The stage's lock files
+    (``cache/locks/<stage>@<item>.lock``, named after the bad ITEM) were made before the refusal."""
     params, _, data = only_cc
     assert main([*argv, "--params", str(params)]) == 2
     assert f"error: {message}" in capsys.readouterr().err
-    assert not [p for p in data.rglob("*") if p.is_file() and "locks" not in p.parts]  # only the stage's lock
+    assert not [p for p in data.rglob("*") if p.is_file()]  # the ITEM is checked before any lock file is made
 
 
 @pytest.mark.parametrize("argv, sets, message", [
