@@ -199,3 +199,27 @@ def test_a_directory_for_a_weights_or_vocabulary_file_is_a_params_error(only_cc,
     with pytest.raises(ParamsError, match=rf"{key}: a directory, expected a file: {tmp_path}"):
         other = "extract.detector=butd_r101" if command == "extract" else "world=real"
         load_params(params, [f"{key}={tmp_path}", other], command=command, item="cc")
+
+
+def test_an_ingest_that_keeps_no_row_fails_naming_the_reasons_and_the_rejects(only_cc, capsys, tmp_path):
+    """Every row rejected (here: images looked up in an empty folder), or an empty source, exited 0
+    with an empty manifest: a dataset with nothing kept is never what the user wants."""
+    params, datasets, data = only_cc
+    empty = tmp_path / "no_images"
+    empty.mkdir()
+    args = ["ingest", "cc", "--params", str(params), "--set", f"sources.cc.image_root={empty}",
+            "--set", "sources.cc.image_layout=sha1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    rejects = data / "manifests" / "cc.rejects.parquet"
+    assert len(err) == 1 and err[0].startswith("error: ingest@cc: 0 of 17 rows kept; top reject reasons: "
+                                               "missing_image 8, malformed_row 3, bad_url 2; "), err
+    assert err[0].endswith(f"; every rejected row, with its reason and record: {rejects}")
+    assert len(pd.read_parquet(rejects)) == 17  # the file the message names is there to read
+    assert not (data / "manifests" / "cc.parquet").exists() and not (data / "manifests" / "cc._run.json").exists()
+
+    (datasets / "cc" / "Train_GCC-training.tsv").write_bytes(b"")
+    assert main(["ingest", "cc", "--params", str(params), "--set", "sources.cc.val_tsv=null"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: ingest@cc: the source holds no row (read: "
+                                               f"{datasets}/cc/Train_GCC-training.tsv); check that it is the "
+                                               "published file, not an empty download")
