@@ -130,7 +130,8 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
     assert f"error: detector weights not found: {data}/models/detector/model_final.pth (run `python -m pipeline " \
            "train_detector`)" in err
     assert main(["build_dbs", "--params", str(params)]) == 1
-    assert f"error: manifest {data}/clean/" in capsys.readouterr().err
+    assert f"error: build_dbs: pretraining corpora without a clean manifest: coco, vg, cc, sbu ({data}/clean/coco" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
