@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     out_name = params.pretrain.out_name if args.command in PRETRAIN_OUTPUTS else None
 
     def locked_run() -> int:
+        if item is not None and stage.check_item:  # a bad ITEM is refused before a lock file is named after it
+            resolve(stage.check_item)(params, item)
         with stage_locks(params.paths.data, args.command, item, out_name=out_name, wait=wait):
             _run_stage(stage, params, item)
         return 0

@@ -19,6 +19,9 @@ class Stage:
     item: str | None = None  # what the optional positional ITEM names, if the stage takes one
     # False: the CLI skips the params' path check
     check_paths: bool = True
+    # ``module:function`` called as ``function(params, item)`` before the stage's locks are taken:
+    # raises ParamsError for an ITEM the stage does not know (no lock file named after it is made)
+    check_item: str | None = None
 
 
 STAGES: dict[str, Stage] = {
@@ -27,11 +30,13 @@ STAGES: dict[str, Stage] = {
         Stage("mini_world", "pipeline.mini_world:run", "write the embedded mini world in the real formats"),
         Stage("download", "pipeline.ingest.download:run",
               "world: real: fetch CC/SBU images with img2dataset (not in DVC)",
-              item="dataset"),
-        Stage("ingest", "pipeline.ingest.ingest:run", "raw annotations -> manifests + rejects", item="dataset"),
+              item="dataset", check_item="pipeline.ingest.download:check_item"),
+        Stage("ingest", "pipeline.ingest.ingest:run", "raw annotations -> manifests + rejects", item="dataset",
+              check_item="pipeline.ingest.ingest:check_item"),
         Stage("decontaminate", "pipeline.decontam.decontaminate:run", "remove eval images from pretraining; reports"),
         Stage("train_detector", "pipeline.extract.train_detector:run", "fit the mini-world C4 detector"),
-        Stage("extract", "pipeline.extract.extract:run", "Faster R-CNN region features, sharded", item="image_source"),
+        Stage("extract", "pipeline.extract.extract:run", "Faster R-CNN region features, sharded", item="image_source",
+              check_item="pipeline.extract.extract:check_item"),
         Stage("build_dbs", "pipeline.stores.build_dbs:run", "LMDB image and text stores"),
         Stage("import_uniter_db", "pipeline.stores.import_uniter_db:run",
               "UNITER's released LMDBs -> image and text stores (what build_dbs runs with source uniter_release)"),
@@ -39,7 +44,8 @@ STAGES: dict[str, Stage] = {
         Stage("pretrain_masking", "pipeline.pretrain.pretrain:run_masking_ablation",
               "the first stage with the other masking (ablations/dvc.yaml)"),
         Stage("pretrain_vcr", "pipeline.pretrain.pretrain:run_vcr", "VCR second-stage pretraining"),
-        Stage("finetune", "pipeline.finetune.finetune:run", "fine-tune and evaluate one task", item="task"),
+        Stage("finetune", "pipeline.finetune.finetune:run", "fine-tune and evaluate one task", item="task",
+              check_item="pipeline.finetune.finetune:check_item"),
         Stage("plots", "pipeline.report.plots:run", "training curves of data/metrics in one offline HTML page"),
         Stage("results", "pipeline.report.results:run", "results table with Meta-Sum"),
         Stage("ablations", "pipeline.report.ablations:run", "the masking ablation's table (ablations/dvc.yaml)"),

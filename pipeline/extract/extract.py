@@ -18,6 +18,11 @@ from pipeline.extract.image_sets import extract_set, feature_dir, make_settings,
 from pipeline.params.parser import Params
 
 
+def check_item(params: Params, item: str) -> None:
+    """Refuse an ITEM that names no image source or part (ParamsError); the CLI calls it before taking the locks."""
+    targets(params, parts.split_item(item)[0])
+
+
 def run(params: Params, item: str | None = None) -> None:
     """Stage entry: extract region features for ``item`` (see module doc) or every source.
 

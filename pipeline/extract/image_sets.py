@@ -24,7 +24,7 @@ from pipeline.common.runinfo import InputsMissingError, RunRecord, atomic_write_
 from pipeline.common.detector_files import WEIGHTS_FILE, detector_dir
 from pipeline.extract.detector.runner import (ExtractorPool, ExtractSettings, ImageItem, RunSummary, effective_amp,
                                               plan_shards, remove_stale_files, run_shards, settings_record)
-from pipeline.params.extract import GIVEN_BOX_SETS, IMAGE_SOURCES
+from pipeline.params.extract import GIVEN_BOX_DATASETS, GIVEN_BOX_SETS, IMAGE_SOURCES
 from pipeline.params.parser import Params, ParamsError
 
 log = logging.getLogger("pipeline.extract")
@@ -160,7 +160,8 @@ def make_settings(params: Params) -> tuple[ExtractSettings, int]:
 
 
 def targets(params: Params, item: str | None) -> list[str]:
-    """Feature sets to write for ``item`` (None: every configured source, given-box sets included)."""
+    """Feature sets to write for ``item`` (None: every configured source), each source's given-box set
+    included when the dataset giving its boxes is in ``ingest.datasets`` (COCO + VG has no RefCOCO+)."""
     known = set(IMAGE_SOURCES) | set(GIVEN_BOX_SETS.values())
     if item is not None and item not in known:
         raise ParamsError(f"extract: unknown item {item!r}; expected one of {sorted(known)}")
@@ -168,7 +169,7 @@ def targets(params: Params, item: str | None) -> list[str]:
     names = []
     for source in sources:
         names.append(source)
-        if source in GIVEN_BOX_SETS:
+        if source in GIVEN_BOX_SETS and GIVEN_BOX_DATASETS[GIVEN_BOX_SETS[source]] in params.ingest.datasets:
             names.append(GIVEN_BOX_SETS[source])
     return names
 

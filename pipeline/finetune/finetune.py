@@ -44,7 +44,8 @@ from pipeline.training.paired import ITEMS_FILE, paired_gain
 from pipeline.finetune.runner import RunOutcome, RunPlan, init_digest, lookup, train_run
 from pipeline.finetune.tasks import task_class
 from pipeline.finetune.tasks.base import FinetuneTask, TaskContext
-from pipeline.params.parser import Params, to_dict
+from pipeline.params.finetune import TASKS
+from pipeline.params.parser import Params, ParamsError, to_dict
 from pipeline.params.pretrain import output_name
 from pipeline.training.checkpointing import db_fingerprint
 from pipeline.training.launch import DistInfo, process_group
@@ -78,15 +79,22 @@ def run(params: Params, item: str | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def check_item(params: Params, item: str) -> None:
+    """:func:`check_tasks` of one ITEM; the CLI calls it before taking the locks."""
+    check_tasks(params, [item])
+
+
 def check_tasks(params: Params, names: list[str]) -> None:
     """Refuse a task (an ITEM of the CLI) that does not exist or has no budget in ``finetune.per_task``.
 
     Every range of the ``finetune`` section is checked once, when params are parsed
     (pipeline/params/finetune.py); an ITEM is not part of params, so it is checked here."""
     for name in names:
-        task_class(name)
+        if name not in TASKS:  # a bad argument, not a bug: exit status 2, one line (not task_class's ValueError)
+            raise ParamsError(f"finetune: unknown task {name!r} (the ITEM of `finetune`); expected one of "
+                              f"{', '.join(TASKS)}")
         if name not in params.finetune.per_task:
-            raise ValueError(f"finetune.per_task has no entry for task {name!r}")
+            raise ParamsError(f"finetune.per_task has no entry for task {name!r}: add its budget there")
 
 
 def finetune_seed(params: Params) -> int:

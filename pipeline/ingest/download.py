@@ -135,15 +135,20 @@ def shard_stats(root: Path) -> dict[str, dict]:
     return out
 
 
+def check_item(params, item: str) -> None:
+    """Refuse an ITEM that is not a downloaded dataset (ParamsError); the CLI calls it before taking the locks."""
+    if item not in DATASETS:
+        raise ParamsError(f"download: no download for dataset {item!r} (one of {', '.join(DATASETS)})")
+
+
 def download_dataset(params, dataset: str) -> dict[str, int]:
     """Download one dataset's images; returns the counts written to ``download._run.json``."""
-    if dataset not in DATASETS:
-        raise ParamsError(f"download: no download for dataset {dataset!r} (one of {', '.join(DATASETS)})")
+    check_item(params, dataset)
     _check_inputs(params, dataset)
     src, cfg = getattr(params.sources, dataset), params.sources.download
     root = Path(src.image_root)
     if src.image_layout != "img2dataset":
-        raise DownloadError(f"sources.{dataset}.image_layout is {src.image_layout}: download writes the "
+        raise ParamsError(f"sources.{dataset}.image_layout is {src.image_layout}: download writes the "
                             "img2dataset layout; set it to img2dataset")
     record = RunRecord(f"download@{dataset}", params.section_digest("sources", "ingest"))
     start = time.time()
@@ -171,7 +176,7 @@ def download_dataset(params, dataset: str) -> dict[str, int]:
 def run(params, item: str | None = None) -> list[dict[str, int]]:
     """Stage entry: download ``item`` (cc or sbu), or each of them that ``ingest.datasets`` names."""
     if params.world != "real":
-        raise DownloadError("download: world is mini, whose images the mini_world stage writes in this layout "
+        raise ParamsError("download: world is mini, whose images the mini_world stage writes in this layout "
                             "already; set world: real and point sources at the real files")
     datasets = [item] if item else [d for d in DATASETS if d in params.ingest.datasets]
     if not datasets:

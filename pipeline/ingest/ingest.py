@@ -35,7 +35,7 @@ from pipeline.ingest.sources import load_reader
 from pipeline.params.parser import ParamsError
 from pipeline.common.source_records import (
     DUPLICATE_ID, MALFORMED_ROW, MISSING_IMAGE, NON_UTF8, UNREADABLE_IMAGE, Problem, ReadContext, Reject, Row,
-    raw_text,
+    SourceFormatError, raw_text,
 )
 
 log = logging.getLogger("pipeline.ingest.ingest")
@@ -179,6 +179,27 @@ def publish_all_or_none(record: RunRecord, run_file: Path, writers: Sequence[Par
         raise
 
 
+def _refuse_empty(result: IngestResult, record: RunRecord, run_file: Path, manifest: ParquetStreamWriter,
+                  rejects: ParquetStreamWriter) -> None:
+    """Raise SourceFormatError (exit status 2) for an ingest that kept no row: every row rejected, or
+    a source without rows; a dataset with nothing kept is never what a user wants. The rejects file
+    is published for the user to read; the manifest is not, and the old run record goes (as in
+    :func:`publish_all_or_none`), so no record vouches for an earlier manifest beside these rejects."""
+    name = f"ingest@{result.dataset}"
+    if not result.rows_in:
+        manifest.abort()
+        rejects.abort()
+        read = ", ".join(str(p) for p in record.inputs.values())
+        raise SourceFormatError(f"{name}: the source holds no row (read: {read}); check that it is the "
+                                "published file, not an empty download")
+    run_file.unlink(missing_ok=True)
+    manifest.abort()
+    rejects.publish()
+    top = ", ".join(f"{r} {n}" for r, n in sorted(result.rejects.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    raise SourceFormatError(f"{name}: 0 of {result.rows_in} rows kept; top reject reasons: {top}; "
+                            f"every rejected row, with its reason and record: {result.rejects_path}")
+
+
 def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> IngestResult:
     """Read ``dataset`` from ``params.sources`` and write its manifest, rejects and run record."""
     cfg = params.ingest
@@ -236,6 +257,8 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
     result = IngestResult(dataset, rows_in, manifest_rows, dict(sorted(reasons.items())), manifest.path,
                           rejects.path, dict(sorted(ctx.notes.items())))
     assert rows_in == result.manifest_rows + result.rejected, "a raw row was lost"
+    if not manifest_rows:
+        _refuse_empty(result, record, out_dir / f"{dataset}._run.json", manifest, rejects)
     record.counts.update(rows_in=rows_in, manifest_rows=manifest_rows, rejects=result.rejected,
                          rejects_by_reason=result.rejects, images_checked=checker.checked if checker else 0,
                          **ctx.notes)
@@ -243,6 +266,11 @@ def ingest_dataset(params, dataset: str, *, progress: bool | None = None) -> Ing
     publish_all_or_none(record, out_dir / f"{dataset}._run.json", (manifest, rejects))
     log.info(result.summary())
     return result
+
+
+def check_item(params, item: str) -> None:
+    """Refuse an ITEM that names no dataset (ParamsError); the CLI calls it before taking the locks."""
+    load_reader(item)
 
 
 def run(params, item: str | None = None) -> list[IngestResult]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from pipeline.params.checks import MAX_COUNT, bounded, checked, subset_problem
 from pipeline.params.finetune import TASK_SPLITS
@@ -24,6 +24,13 @@ DEFAULT_EVAL_SPLITS: dict[str, tuple[str, ...]] = {
 
 # the datasets UNITER pretrains on; their manifests are the ones decontamination cleans
 PRETRAIN_DATASETS = ("coco", "vg", "cc", "sbu")
+
+
+def pretrain_corpora(ingested: Sequence[str], cleaned: Sequence[str]) -> tuple[str, ...]:
+    """The pretraining corpora build_dbs and pretrain use, in :data:`PRETRAIN_DATASETS` order: those
+    that ``ingest.datasets`` (``ingested``) names and ``decontaminate.pretrain_datasets`` (``cleaned``)
+    cleans. A corpus named by neither is not used (COCO + VG is UNITER's in-domain pretraining)."""
+    return tuple(d for d in PRETRAIN_DATASETS if d in ingested and d in cleaned)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from pipeline.params.checks import MAX_COUNT, MAX_STEPS, bounded, checked, must_
 IMAGE_SOURCES = ("coco", "vg", "flickr30k", "cc", "sbu", "vcr", "nlvr2")
 # the given-box feature set an image source's extraction also writes (RefCOCO+ / VCR boxes)
 GIVEN_BOX_SETS = {"coco": "coco_gt", "vcr": "vcr_gt"}
+# the dataset whose manifest gives each set's boxes: without it in ingest.datasets the set is not extracted
+GIVEN_BOX_DATASETS = {"coco_gt": "refcoco", "vcr_gt": "vcr"}
 
 
 @dataclass(frozen=True)

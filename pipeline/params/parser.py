@@ -33,7 +33,8 @@ import yaml
 
 from pipeline.params.checks import MAX_SEED, Range, must_exist, range_problems  # noqa: F401  (must_exist re-exported)
 from pipeline.params.dbs import BuildDbsConfig
-from pipeline.params.decontaminate import DecontaminateConfig, effective_eval_splits, eval_split_origins
+from pipeline.params.decontaminate import (DecontaminateConfig, effective_eval_splits, eval_split_origins,
+                                         pretrain_corpora)
 from pipeline.params.extract import ExtractConfig
 from pipeline.params.finetune import TASK_SPLITS, FinetuneConfig, apply_task_presets
 from pipeline.params.ingest import IngestConfig
@@ -115,6 +116,10 @@ class Params:
         """``{dataset: {split: [origin, ...]}}`` of every split decontamination removes (docs/design.md)."""
         dec = self.decontaminate
         return eval_split_origins(dec.eval_splits, self.finetune.tasks, dec.keep_dev_in_pretraining)
+
+    def pretrain_corpora(self) -> tuple[str, ...]:
+        """The pretraining corpora in use: :func:`pipeline.params.decontaminate.pretrain_corpora`."""
+        return pretrain_corpora(self.ingest.datasets, self.decontaminate.pretrain_datasets)
 
     def eval_splits(self) -> dict[str, tuple[str, ...]]:
         """``{dataset: splits}`` decontamination removes: ``decontaminate.eval_splits`` + every scored split."""

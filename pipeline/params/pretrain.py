@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from pipeline.params import deepspeed as deepspeed_params
 from pipeline.params.finetune import TASKS as FINETUNE_TASKS
@@ -218,18 +218,22 @@ class PretrainConfig:
         mix = {t: r for t, r in self.first_phase_mix.items() if r > 0 and self.mix_ratio.get(t, 0) > 0}
         return (mix, self.first_phase_steps) if mix and self.first_phase_steps and self.steps else ({}, 0)
 
-    def dataset_names(self) -> tuple[str, ...]:
-        """The pretraining datasets ``datasets`` draws from (``indomain`` -> coco, vg)."""
-        return tuple(d for domain in DATASET_CHOICES[self.datasets] for d in DOMAIN_DATASETS[domain])
+    def dataset_names(self, corpora: Sequence[str] | None = None) -> tuple[str, ...]:
+        """The pretraining datasets ``datasets`` draws from (``indomain`` -> coco, vg); with ``corpora``
+        (``Params.pretrain_corpora``: those build_dbs built) only those of them."""
+        names = tuple(d for domain in DATASET_CHOICES[self.datasets] for d in DOMAIN_DATASETS[domain])
+        return names if corpora is None else tuple(d for d in names if d in corpora)
 
-    def dataset_weights(self) -> dict[str, float] | None:
-        """Each dataset's share of the batches (by ``dataset_ratio``); None: one merged stream per
-        task, datasets drawn in proportion to their examples (``size``)."""
+    def dataset_weights(self, corpora: Sequence[str] | None = None) -> dict[str, float] | None:
+        """Each dataset's share of the batches (by ``dataset_ratio``), of ``corpora`` only when given;
+        None: one merged stream per task, datasets drawn in proportion to their examples (``size``)."""
         if self.dataset_ratio == "size":
             return None
         if self.dataset_ratio == "reference":
-            return dict(REFERENCE_DATASET_RATIOS[self.datasets])
-        return {d: float(self.dataset_ratio[d]) for d in self.dataset_names()}
+            weights = dict(REFERENCE_DATASET_RATIOS[self.datasets])
+        else:
+            weights = {d: float(self.dataset_ratio[d]) for d in self.dataset_names()}
+        return {d: w for d, w in weights.items() if d in self.dataset_names(corpora)}
 
     def _dataset_ratio_problem(self) -> str | None:
         if isinstance(self.dataset_ratio, str):

@@ -45,7 +45,7 @@ class StagePlan:
 
 
 def plan_stage(params: Params, stage: str) -> StagePlan:
-    from pipeline.stores.text_sources import TextSource, first_stage_sources
+    from pipeline.stores.text_sources import TextSource, first_stage_corpora, first_stage_sources
 
     cfg, data = params.pretrain, Path(params.paths.data)
     txt = data / "db" / "txt"
@@ -54,13 +54,14 @@ def plan_stage(params: Params, stage: str) -> StagePlan:
         name = output_name(stage, cfg.out_name)
         if stage == "pretrain_masking":
             masking = OTHER_MASKING[cfg.masking]
-        train, val = (first_stage_sources(txt, cfg.datasets, split) for split in ("train", "val"))
+        corpora = first_stage_corpora(params)
+        train, val = (first_stage_sources(txt, cfg.datasets, split, corpora) for split in ("train", "val"))
         mix, steps, lr, warmup, init = cfg.mix_ratio, cfg.steps, cfg.optim.lr, cfg.optim.warmup_steps, None
         grad_clip = cfg.optim.grad_clip
         first_mix, first_steps = cfg.first_phase()
         drawn = {t for t, r in mix.items() if r > 0}  # the first phase only draws from these
         eval_tasks = tuple(sorted(set(FIRST_STAGE_EVAL) | drawn))
-        dataset_ratio = cfg.dataset_weights()
+        dataset_ratio = cfg.dataset_weights(corpora)
     elif stage == "pretrain_vcr":
         name = output_name(stage, cfg.out_name)
         view_dbs = {"qa": ("vcr_qa", "gold_answer"), "qar": ("vcr_qar", "gold_rationale")}

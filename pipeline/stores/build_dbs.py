@@ -20,8 +20,7 @@ import numpy as np
 
 from pipeline.common.ownership import (ForeignDirectoryError, atomic_dir, check_prunable, preflight, prune,
                                        remove_stale_temps)
-from pipeline.common.runinfo import RUN_FILE, RunRecord, atomic_write_json
-from pipeline.params.decontaminate import PRETRAIN_DATASETS
+from pipeline.common.runinfo import RUN_FILE, InputsMissingError, RunRecord, atomic_write_json
 from pipeline.params.parser import Params
 from pipeline.stores.image_db_builder import build_image_db
 from pipeline.stores.lmdb_store import (ID2LEN_FILE, IMG2TXTS_FILE, META_FILE, TXT2IMG_FILE, TXT_DB_KIND, LmdbWriter,
@@ -115,9 +114,10 @@ def text_db_specs(params: Params, tok: WordPieceTokenizer, img_root: Path) -> li
     def add(specs: list[TextDbSpec], inputs: dict[str, Path]) -> None:
         out.extend((s, inputs) for s in specs)
 
-    if set(PRETRAIN_DATASETS) <= datasets:
-        add(pretrain_specs(clean, tok, max_len=cfg.max_txt_len, outdomain_val_size=cfg.outdomain_val_size,
-                           seed=params.seed), {f"clean_{d}": clean / f"{d}.parquet" for d in PRETRAIN_DATASETS})
+    corpora = params.pretrain_corpora()
+    if corpora:
+        add(pretrain_specs(clean, corpora, tok, max_len=cfg.max_txt_len, outdomain_val_size=cfg.outdomain_val_size,
+                           seed=params.seed), {f"clean_{d}": clean / f"{d}.parquet" for d in corpora})
     if "vqa" in datasets:
         add(vqa_specs(manifests / "vqa.parquet", tok, max_len=cfg.max_txt_len,
                       min_answer_count=cfg.vqa_min_answer_count), {"vqa": manifests / "vqa.parquet"})
@@ -154,8 +154,15 @@ def _preflight(params: Params, img_root: Path, txt_root: Path) -> None:
     feat_root = params.paths.data / "features"
     feat_dirs = sorted(d for d in feat_root.iterdir() if d.is_dir() and (d / META_FILE).is_file()) \
         if feat_root.is_dir() else []
-    datasets = params.ingest.datasets
-    txt_names = text_db_names(datasets, pretrain=set(PRETRAIN_DATASETS) <= set(datasets))
+    corpora = params.pretrain_corpora()
+    absent = [d for d in corpora if not (params.paths.data / "clean" / f"{d}.parquet").is_file()]
+    if absent:  # named before any DB is built, not found at its pretraining DBs
+        raise InputsMissingError(
+            f"build_dbs: pretraining corpora without a clean manifest: {', '.join(absent)} "
+            f"({', '.join(str(params.paths.data / 'clean' / f'{d}.parquet') for d in absent)}): run `python -m "
+            "pipeline ingest` and `decontaminate` first, or leave it out of ingest.datasets "
+            "(the corpora used are those ingest.datasets and decontaminate.pretrain_datasets both name)")
+    txt_names = text_db_names(params.ingest.datasets, corpora=corpora)
     preflight(*(img_root / d.name for d in feat_dirs), *(txt_root / name for name in txt_names))
     for record in (img_root / RUN_FILE, txt_root / RUN_FILE):
         if record.is_symlink() or (record.exists() and not record.is_file()):

@@ -46,10 +46,16 @@ def db_splits(dataset: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(SPLITS[dataset].values()))
 
 
-def text_db_names(datasets: Sequence[str], *, pretrain: bool) -> list[str]:
-    """Every text DB the manifests of ``datasets`` (and the clean pretraining corpora, when
-    ``pretrain``) can give: build_dbs checks each directory before it writes any."""
-    names = [f"pretrain_{d}_{s}" for d in PRETRAIN_DOMAINS for s in PRETRAIN_SPLITS] if pretrain else []
+def pretrain_domains(corpora: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``{domain: its corpora among corpora}`` for each domain with one (COCO + VG: ``indomain`` only)."""
+    out = {domain: tuple(d for d in datasets if d in corpora) for domain, datasets in PRETRAIN_DOMAINS.items()}
+    return {domain: datasets for domain, datasets in out.items() if datasets}
+
+
+def text_db_names(datasets: Sequence[str], *, corpora: Sequence[str]) -> list[str]:
+    """Every text DB the manifests of ``datasets`` and the clean pretraining ``corpora``
+    (``Params.pretrain_corpora``) can give: build_dbs checks each directory before it writes any."""
+    names = [f"pretrain_{d}_{s}" for d in pretrain_domains(corpora) for s in PRETRAIN_SPLITS]
     return names + [f"{prefix}_{split}" for dataset in DB_PREFIXES if dataset in datasets
                     for prefix in DB_PREFIXES[dataset] for split in db_splits(dataset)]
 
@@ -121,15 +127,16 @@ def _simple_records(frame: pd.DataFrame, tok: WordPieceTokenizer, max_len: int,
 # pretraining
 
 
-def pretrain_specs(clean_dir: Path, tok: WordPieceTokenizer, *, max_len: int, outdomain_val_size: int,
-                   seed: int) -> list[TextDbSpec]:
-    """pretrain_indomain_{train,val} (clean COCO + VG), pretrain_outdomain_{train,val} (clean CC + SBU).
+def pretrain_specs(clean_dir: Path, corpora: Sequence[str], tok: WordPieceTokenizer, *, max_len: int,
+                   outdomain_val_size: int, seed: int) -> list[TextDbSpec]:
+    """pretrain_indomain_{train,val} (clean COCO + VG), pretrain_outdomain_{train,val} (clean CC + SBU),
+    each of the ``corpora`` it has (a domain with none of them is not built).
 
     Out-of-domain val = the CC val rows when the clean CC manifest has any, else a seeded split of
     ``outdomain_val_size`` images (all their captions) from the train rows.
     """
     specs = []
-    for domain, datasets in PRETRAIN_DOMAINS.items():
+    for domain, datasets in pretrain_domains(corpora).items():
         frames = [read_manifest(clean_dir / f"{d}.parquet", ["example_id", "split", "image_source", "image_id", "text"])
                   for d in datasets]
         frame = pd.concat(frames, ignore_index=True)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from pipeline.params.pretrain import DATASET_CHOICES
+from pipeline.params.parser import Params, ParamsError
+from pipeline.params.pretrain import DATASET_CHOICES, DOMAIN_DATASETS
 from pipeline.stores.readers import ImageDbGroup, TextDb
 from pipeline.stores.vcr_views import GoldAnswerView, GoldRationaleView
 
@@ -33,9 +34,27 @@ class TextSource:
         return views[self.view](db) if self.view in views else db
 
 
-def first_stage_sources(txt_root: Path, datasets: str, split: str) -> tuple[TextSource, ...]:
-    """The first pretraining stage's text DBs of ``split`` (train | val) for ``pretrain.datasets``."""
-    return tuple(TextSource(txt_root / f"pretrain_{d}_{split}") for d in DOMAINS[datasets])
+def first_stage_corpora(params: Params) -> tuple[str, ...] | None:
+    """The corpora the first stage draws from: those of ``pretrain.datasets`` that build_dbs built
+    (``Params.pretrain_corpora``; COCO + VG alone is UNITER's in-domain pretraining); None with
+    UNITER's release, whose DBs are not built from ``ingest.datasets``. Raises ParamsError for none."""
+    if params.build_dbs.source != "extract":
+        return None
+    corpora = params.pretrain_corpora()
+    if not params.pretrain.dataset_names(corpora):
+        raise ParamsError(f"pretrain.datasets: {params.pretrain.datasets} draws from "
+                          f"{', '.join(params.pretrain.dataset_names())}, none of which is a pretraining corpus "
+                          f"in use ({', '.join(corpora) or 'none'}: those ingest.datasets and "
+                          "decontaminate.pretrain_datasets both name)")
+    return corpora
+
+
+def first_stage_sources(txt_root: Path, datasets: str, split: str,
+                        corpora: Sequence[str] | None = None) -> tuple[TextSource, ...]:
+    """The first pretraining stage's text DBs of ``split`` (train | val) for ``pretrain.datasets``; with
+    ``corpora`` (``Params.pretrain_corpora``) only the domains build_dbs built from them."""
+    return tuple(TextSource(txt_root / f"pretrain_{d}_{split}") for d in DOMAINS[datasets]
+                 if corpora is None or set(DOMAIN_DATASETS[d]) & set(corpora))
 
 
 def open_sources(sources: Sequence[TextSource], img_root: Path) -> tuple[list[Any], ImageDbGroup]:

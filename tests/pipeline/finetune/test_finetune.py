@@ -318,8 +318,9 @@ def test_scratch_start_gets_the_region_projection_start_pretraining_had(data):
 
 def test_bad_params_and_missing_inputs_are_named(data, tmp_path):
     from pipeline.finetune.finetune import run
+    from pipeline.params.parser import ParamsError
 
-    with pytest.raises(ValueError, match="unknown fine-tuning task 'vqa2'"):
+    with pytest.raises(ParamsError, match="finetune: unknown task 'vqa2'"):
         run(ft_params(data), "vqa2")
     with pytest.raises(ValueError, match="retrieval_neg_pool must be >= finetune.retrieval_hard_negatives"):
         run(ft_params(data, "finetune.retrieval_neg_pool=1", "finetune.retrieval_hard_negatives=2"), "snli_ve")

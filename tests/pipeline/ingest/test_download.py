@@ -167,8 +167,13 @@ def test_cli_creates_the_image_root_the_path_check_would_demand(tmp_path):
         out = _cli("cc", *common, "--set", f"sources.cc.val_tsv={val}", "--set", "sources.download.command=/no/img")
         assert out.returncode == 1 and "sources.download.command: /no/img is not an executable" in out.stderr
     assert not (tmp_path / "images").exists()
+    # params that download cannot serve are bad params (exit 2, docs/safety.md), not the machine's state
     out = _cli("cc", "--set", "world=mini", "--set", f"paths.data={tmp_path / 'data'}")
-    assert out.returncode == 1 and "world is mini" in out.stderr
+    assert out.returncode == 2 and "world is mini" in out.stderr
+    out = _cli("cc", *common, "--set", "sources.cc.val_tsv=null", "--set", "sources.cc.image_layout=sha1")
+    assert out.returncode == 2 and "error: sources.cc.image_layout is sha1: download writes the img2dataset" \
+        in out.stderr
+    assert not (tmp_path / "images").exists()
 
 
 @pytest.mark.slow

@@ -130,7 +130,8 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
     assert f"error: detector weights not found: {data}/models/detector/model_final.pth (run `python -m pipeline " \
            "train_detector`)" in err
     assert main(["build_dbs", "--params", str(params)]) == 1
-    assert f"error: manifest {data}/clean/" in capsys.readouterr().err
+    assert f"error: build_dbs: pretraining corpora without a clean manifest: coco, vg, cc, sbu ({data}/clean/coco" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -138,14 +139,17 @@ def test_a_stage_run_before_the_one_writing_its_input_says_so_in_one_line(only_c
     (["extract", "cocoo"], "extract: unknown item 'cocoo'; expected one of ['cc', 'coco',"),
     (["extract", "cc:3/2"], "extract: item 'cc:3/2': expected SOURCE:k/K with 1 <= k <= K"),
     (["download", "coco"], "download: no download for dataset 'coco' (one of cc, sbu)"),
+    (["finetune", "vqaa"], "finetune: unknown task 'vqaa' (the ITEM of `finetune`); expected one of vqa, vcr, nlvr2, "
+                           "snli_ve, retrieval_flickr, refcoco_plus"),
 ])
 def test_an_item_the_stage_does_not_know_is_bad_input(only_cc, capsys, argv, message):
-    """A misspelt ITEM was a ValueError traceback (ingest, extract) or exit status 1, the machine's
-    state (download); it is a bad argument: exit status 2, one line."""
+    """A misspelt ITEM was a ValueError traceback (ingest, extract, finetune) or exit status 1, the
+    machine's state (download); it is a bad argument: exit status 2, one line. The stage's lock files
+    (``cache/locks/<stage>@<item>.lock``, named after the bad ITEM) were made before the refusal."""
     params, _, data = only_cc
     assert main([*argv, "--params", str(params)]) == 2
     assert f"error: {message}" in capsys.readouterr().err
-    assert not [p for p in data.rglob("*") if p.is_file() and "locks" not in p.parts]  # only the stage's lock
+    assert not [p for p in data.rglob("*") if p.is_file()]  # the ITEM is checked before any lock file is made
 
 
 @pytest.mark.parametrize("argv, sets, message", [
@@ -196,3 +200,27 @@ def test_a_directory_for_a_weights_or_vocabulary_file_is_a_params_error(only_cc,
     with pytest.raises(ParamsError, match=rf"{key}: a directory, expected a file: {tmp_path}"):
         other = "extract.detector=butd_r101" if command == "extract" else "world=real"
         load_params(params, [f"{key}={tmp_path}", other], command=command, item="cc")
+
+
+def test_an_ingest_that_keeps_no_row_fails_naming_the_reasons_and_the_rejects(only_cc, capsys, tmp_path):
+    """Every row rejected (here: images looked up in an empty folder), or an empty source, exited 0
+    with an empty manifest: a dataset with nothing kept is never what the user wants."""
+    params, datasets, data = only_cc
+    empty = tmp_path / "no_images"
+    empty.mkdir()
+    args = ["ingest", "cc", "--params", str(params), "--set", f"sources.cc.image_root={empty}",
+            "--set", "sources.cc.image_layout=sha1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    rejects = data / "manifests" / "cc.rejects.parquet"
+    assert len(err) == 1 and err[0].startswith("error: ingest@cc: 0 of 17 rows kept; top reject reasons: "
+                                               "missing_image 8, malformed_row 3, bad_url 2; "), err
+    assert err[0].endswith(f"; every rejected row, with its reason and record: {rejects}")
+    assert len(pd.read_parquet(rejects)) == 17  # the file the message names is there to read
+    assert not (data / "manifests" / "cc.parquet").exists() and not (data / "manifests" / "cc._run.json").exists()
+
+    (datasets / "cc" / "Train_GCC-training.tsv").write_bytes(b"")
+    assert main(["ingest", "cc", "--params", str(params), "--set", "sources.cc.val_tsv=null"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: ingest@cc: the source holds no row (read: "
+                                               f"{datasets}/cc/Train_GCC-training.tsv); check that it is the "
+                                               "published file, not an empty download")

@@ -59,6 +59,23 @@ def test_explicit_keys_override_the_recipe_and_are_recorded():
     assert recipe_departures(load_params(check_paths=False)) == {}
 
 
+def test_the_first_stage_draws_from_the_corpora_build_dbs_built():
+    """COCO + VG configured (no CC, SBU): pretrain.datasets=both read pretrain_outdomain_* (never
+    built) and drew CC and SBU batches; it now draws from the in-domain corpora only."""
+    from pipeline.pretrain.plan import plan_stage
+
+    sets = ["pretrain.datasets=both", "ingest.datasets=[coco,vg]", "finetune.tasks=[]"]
+    plan = plan_stage(load_params(overrides=sets, check_paths=False), "pretrain")
+    assert [s.path.name for s in plan.train_sources] == ["pretrain_indomain_train"]
+    assert [s.path.name for s in plan.val_sources] == ["pretrain_indomain_val"]
+    assert plan.dataset_ratio == {"coco": 2.0, "vg": 3.0}  # UNITER's all-data ratios, of the corpora there
+    full = plan_stage(load_params(overrides=["pretrain.datasets=both"], check_paths=False), "pretrain")
+    assert len(full.train_sources) == 2 and full.dataset_ratio == {"coco": 2.0, "vg": 3.0, "cc": 3.0, "sbu": 2.0}
+    with pytest.raises(ParamsError, match=r"pretrain.datasets: outdomain draws from cc, sbu, none of which is a "
+                                          r"pretraining corpus in use \(coco, vg: "):
+        plan_stage(load_params(overrides=[*sets, "pretrain.datasets=outdomain"], check_paths=False), "pretrain")
+
+
 def test_dataset_ratio_forms():
     both = load_params(overrides=["pretrain.datasets=both"], check_paths=False).pretrain
     assert both.dataset_weights() == {"coco": 2.0, "vg": 3.0, "cc": 3.0, "sbu": 2.0}  # UNITER's all-data config

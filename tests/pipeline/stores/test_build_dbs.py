@@ -71,7 +71,8 @@ def test_every_db_and_side_file_is_written(built):
         assert counts["txt"][name]["examples"] == len(TextDb(data / "db" / "txt" / name))
     assert (data / "db" / "img" / "_run.json").is_file() and (data / "db" / "txt" / "_run.json").is_file()
     params = params_for(data, *OVERRIDES)  # the preflight's list is the list of what is written
-    assert set(text_db_names(params.ingest.datasets, pretrain=True)) == TEXT_DBS == set(counts["txt"])
+    assert set(text_db_names(params.ingest.datasets, corpora=params.pretrain_corpora())) == TEXT_DBS == \
+        set(counts["txt"])
 
 
 def test_image_dbs_round_trip_the_shards_exactly(built):
@@ -130,13 +131,35 @@ def test_outdomain_val_uses_cc_val_rows_or_a_seeded_image_split(built, tmp_path,
     assert val.ids == ["cc-108", "cc-109"]  # the clean CC val rows
     other = tmp_path / "data"
     write_world(other, cc_val=False)
-    splits = [pretrain_specs(other / "clean", tok, max_len=60, outdomain_val_size=3, seed=7) for _ in range(2)]
+    splits = [pretrain_specs(other / "clean", ("coco", "vg", "cc", "sbu"), tok, max_len=60, outdomain_val_size=3,
+                             seed=7) for _ in range(2)]
     train, val = (next(s for s in splits[0] if s.name == f"pretrain_outdomain_{n}") for n in ("train", "val"))
     val_images = {r["image_ids"][0] for r in val.records}
     assert len(val_images) == 3 and not val_images & {r["image_ids"][0] for r in train.records}
     assert len(train.records) + len(val.records) == 18
     again = next(s for s in splits[1] if s.name == "pretrain_outdomain_val")
     assert [r["example_id"] for r in again.records] == [r["example_id"] for r in val.records]
+
+
+def test_the_pretraining_dbs_are_those_of_the_corpora_configured(built, tmp_path):
+    """COCO + VG (UNITER's in-domain pretraining) could not reach pretraining: build_dbs built the
+    pretraining DBs only with all of coco, vg, cc and sbu in ingest.datasets. Now it builds those of
+    the corpora configured; one configured without its clean manifest is named before any DB is built."""
+    from pipeline.common.runinfo import InputsMissingError
+
+    data = tmp_path / "data"
+    write_world(data)
+    (data / "clean" / "cc.parquet").unlink()
+    (data / "clean" / "sbu.parquet").unlink()
+    with pytest.raises(InputsMissingError, match=r"corpora without a clean manifest: cc, sbu \(.*/clean/cc"):
+        run(params_for(data, *OVERRIDES))
+    assert not (data / "db").exists()
+    counts = run(params_for(data, *OVERRIDES, "ingest.datasets=[coco,vg,vqa,vcr,nlvr2,snli_ve,flickr30k,refcoco]"))
+    assert set(counts["txt"]) == TEXT_DBS - {"pretrain_outdomain_train", "pretrain_outdomain_val"}
+    ref = TextDb(built[0] / "db" / "txt" / "pretrain_indomain_train")  # the four corpora's build, same DB
+    assert TextDb(data / "db" / "txt" / "pretrain_indomain_train").ids == ref.ids
+    counts = run(params_for(data, *OVERRIDES, "decontaminate.pretrain_datasets=[coco]"))  # one of them cleaned
+    assert TextDb(data / "db" / "txt" / "pretrain_indomain_val").meta["datasets"] == ["coco"]
 
 
 def test_vqa_soft_targets_and_answer_vocabulary(built):
