@@ -61,6 +61,13 @@ class StreamedResult:
     prefix: str
 
 
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """A parquet file to read a batch at a time in bounded memory. Without ``pre_buffer=False``
+    (pyarrow's default is True) the reader's range cache keeps every row group's compressed bytes
+    until the file is closed: memory grew by the manifest's size on disk (~80 bytes a CC row)."""
+    return pq.ParquetFile(path, pre_buffer=False)
+
+
 def _prefix(pf: pq.ParquetFile) -> str:
     """``source + KEY_SEP`` when the manifest has one image source (keys are then ``image_id``), else ``""``."""
     sources: set = set()
@@ -266,7 +273,7 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
     """
     batch_rows = batch_rows or BATCH_ROWS
 
-    pf = pq.ParquetFile(manifest)
+    pf = open_parquet(manifest)
     prefix = _prefix(pf)
     matches, runs, key_runs, rows_in = _match_batches(pf, prefix, index, finder, workers, tmp_dir, batch_rows,
                                                       f"phash {dataset}")
@@ -307,7 +314,7 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
 def count_rejects(path: Path) -> Counter:
     """``reason`` -> rows of an ingest rejects file, read a batch at a time."""
     counts: Counter = Counter()
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path)
     for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=["reason"]):
         counts.update(dict(zip(*(c.to_pylist() for c in pc.value_counts(batch.column(0)).flatten()))))
     return counts
