@@ -19,7 +19,7 @@ parquet bytes, the same report), for manifests of any length (CC12M- or LAION-si
 Memory is bounded by ``batch_rows`` (times the batches in flight) and :data:`MERGE_BUDGET`, not by
 the manifest's length; what grows is what the report lists (one entry per removed image).
 
-The temporary files lie in ``tmp_dir`` (on the same disk as the output: about the manifest's parquet size).
+The temporary files lie in ``tmp_dir`` (on the same disk as the output: ~1.5x the manifest's parquet size).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from pipeline.decontam.matching import ImageMatch, NearDuplicateFinder, find_key
 BATCH_ROWS = 1 << 19  # rows read, matched and sorted at once (per worker thread): the memory bound
 ROW_GROUP = 1 << 20  # the clean parquet's row groups (decontaminate.write_parquet's)
 MERGE_BUDGET = 1 << 19  # rows the merge buffers over all runs (each run file is written in batches of its share)
-# zstd level 1: 0.39x the raw bytes (lz4: 0.70x) for ~0.1 CPU-s more per 1M rows each way; at web scale
-# the run files outgrow the page cache and the disk, not the CPU, bounds the passes (docs/decisions.md)
+# zstd level 1: 0.39x the raw bytes (lz4: 0.70x) for ~0.1 CPU-s more per 1M rows each way: at web scale
+# the runs outgrow the page cache, and a ~200 MB/s disk writes lz4's bytes slower than the rows are
+# computed (docs/decisions.md#decontam-streamed)
 _RUN_OPTIONS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
