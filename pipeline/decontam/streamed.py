@@ -90,18 +90,26 @@ def _write_run(table: pa.Table, path: Path, chunk_rows: int) -> None:
 
 
 class _Run:
-    """A sorted run file read one record batch at a time; ``buffer`` holds what is not yet taken."""
+    """A sorted run file read one record batch at a time; ``buffer`` holds what is not yet taken.
+
+    The buffer is topped up to at least one whole batch (``low`` rows) after every take: with only
+    what is left of one batch, each round's bound moved by a single run's batch and a round
+    yielded ~1/k of the buffered rows, so k runs cost ~k times the rounds (quadratic in k)."""
 
     def __init__(self, path: Path, column: str) -> None:
         self._file = pa.OSFile(str(path), "rb")
         self._reader = pa.ipc.open_file(self._file)
         self._next, self.column = 0, column
         self.buffer: pa.Table | None = None
+        self._low = self._reader.get_batch(0).num_rows if self._reader.num_record_batches else 0
         self._refill()
 
     def _refill(self) -> None:
-        while (self.buffer is None or self.buffer.num_rows == 0) and self._next < self._reader.num_record_batches:
-            self.buffer = pa.Table.from_batches([self._reader.get_batch(self._next)])
+        while ((self.buffer is None or self.buffer.num_rows < self._low)
+               and self._next < self._reader.num_record_batches):
+            batch = pa.Table.from_batches([self._reader.get_batch(self._next)])
+            keep = self.buffer is not None and self.buffer.num_rows
+            self.buffer = pa.concat_tables([self.buffer, batch]) if keep else batch
             self._next += 1
         if self.buffer is not None and self.buffer.num_rows == 0:
             self.buffer = None
@@ -190,7 +198,8 @@ def _match_batches(pf: pq.ParquetFile, prefix: str, index: EvalIndex, finder: Ne
     """
     matches: dict[str, ImageMatch] = {}
     runs, key_runs, rows_in = [], [], 0
-    chunk_rows = max(1024, MERGE_BUDGET // max(1, -(-pf.metadata.num_rows // batch_rows)))  # share per run
+    # a run buffers up to two of its batches while merged: each is half its share of MERGE_BUDGET
+    chunk_rows = max(1024, MERGE_BUDGET // (2 * max(1, -(-pf.metadata.num_rows // batch_rows))))
     threads = 1 if finder is not None else max(1, workers)
     pending: deque = deque()  # (future, near matches) in batch order: matches merge in that order
 
