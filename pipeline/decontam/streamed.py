@@ -19,7 +19,7 @@ parquet bytes, the same report), for manifests of any length (CC12M- or LAION-si
 Memory is bounded by ``batch_rows`` (times the batches in flight) and :data:`MERGE_BUDGET`, not by
 the manifest's length; what grows is what the report lists (one entry per removed image).
 
-The temporary files lie in ``tmp_dir`` (on the same disk as the output: about the manifest's parquet size).
+The temporary files lie in ``tmp_dir`` (on the same disk as the output: ~1.5x the manifest's parquet size).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from pipeline.decontam.matching import ImageMatch, NearDuplicateFinder, find_key
 BATCH_ROWS = 1 << 19  # rows read, matched and sorted at once (per worker thread): the memory bound
 ROW_GROUP = 1 << 20  # the clean parquet's row groups (decontaminate.write_parquet's)
 MERGE_BUDGET = 1 << 19  # rows the merge buffers over all runs (each run file is written in batches of its share)
-# zstd level 1: 0.39x the raw bytes (lz4: 0.70x) for ~0.1 CPU-s more per 1M rows each way; at web scale
-# the run files outgrow the page cache and the disk, not the CPU, bounds the passes (docs/decisions.md)
+# zstd level 1: 0.39x the raw bytes (lz4: 0.70x) for ~0.1 CPU-s more per 1M rows each way: at web scale
+# the runs outgrow the page cache, and a ~200 MB/s disk writes lz4's bytes slower than the rows are
+# computed (docs/decisions.md#decontam-streamed)
 _RUN_OPTIONS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
@@ -59,6 +60,13 @@ class StreamedResult:
     removed_rows_table: pa.Table  # image_id, url, image_path of every removed row
     removed_keys: pa.Array  # their image keys (without the prefix)
     prefix: str
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """A parquet file to read a batch at a time in bounded memory. Without ``pre_buffer=False``
+    (pyarrow's default is True) the reader's range cache keeps every row group's compressed bytes
+    until the file is closed: memory grew by the manifest's size on disk (~80 bytes a CC row)."""
+    return pq.ParquetFile(path, pre_buffer=False)
 
 
 def _prefix(pf: pq.ParquetFile) -> str:
@@ -82,18 +90,26 @@ def _write_run(table: pa.Table, path: Path, chunk_rows: int) -> None:
 
 
 class _Run:
-    """A sorted run file read one record batch at a time; ``buffer`` holds what is not yet taken."""
+    """A sorted run file read one record batch at a time; ``buffer`` holds what is not yet taken.
+
+    The buffer is topped up to at least one whole batch (``low`` rows) after every take: with only
+    what is left of one batch, each round's bound moved by a single run's batch and a round
+    yielded ~1/k of the buffered rows, so k runs cost ~k times the rounds (quadratic in k)."""
 
     def __init__(self, path: Path, column: str) -> None:
         self._file = pa.OSFile(str(path), "rb")
         self._reader = pa.ipc.open_file(self._file)
         self._next, self.column = 0, column
         self.buffer: pa.Table | None = None
+        self._low = self._reader.get_batch(0).num_rows if self._reader.num_record_batches else 0
         self._refill()
 
     def _refill(self) -> None:
-        while (self.buffer is None or self.buffer.num_rows == 0) and self._next < self._reader.num_record_batches:
-            self.buffer = pa.Table.from_batches([self._reader.get_batch(self._next)])
+        while ((self.buffer is None or self.buffer.num_rows < self._low)
+               and self._next < self._reader.num_record_batches):
+            batch = pa.Table.from_batches([self._reader.get_batch(self._next)])
+            keep = self.buffer is not None and self.buffer.num_rows
+            self.buffer = pa.concat_tables([self.buffer, batch]) if keep else batch
             self._next += 1
         if self.buffer is not None and self.buffer.num_rows == 0:
             self.buffer = None
@@ -182,7 +198,8 @@ def _match_batches(pf: pq.ParquetFile, prefix: str, index: EvalIndex, finder: Ne
     """
     matches: dict[str, ImageMatch] = {}
     runs, key_runs, rows_in = [], [], 0
-    chunk_rows = max(1024, MERGE_BUDGET // max(1, -(-pf.metadata.num_rows // batch_rows)))  # share per run
+    # a run buffers up to two of its batches while merged: each is half its share of MERGE_BUDGET
+    chunk_rows = max(1024, MERGE_BUDGET // (2 * max(1, -(-pf.metadata.num_rows // batch_rows))))
     threads = 1 if finder is not None else max(1, workers)
     pending: deque = deque()  # (future, near matches) in batch order: matches merge in that order
 
@@ -266,7 +283,7 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
     """
     batch_rows = batch_rows or BATCH_ROWS
 
-    pf = pq.ParquetFile(manifest)
+    pf = open_parquet(manifest)
     prefix = _prefix(pf)
     matches, runs, key_runs, rows_in = _match_batches(pf, prefix, index, finder, workers, tmp_dir, batch_rows,
                                                       f"phash {dataset}")
@@ -307,7 +324,7 @@ def decontaminate_file(dataset: str, manifest: Path, index: EvalIndex, out_path:
 def count_rejects(path: Path) -> Counter:
     """``reason`` -> rows of an ingest rejects file, read a batch at a time."""
     counts: Counter = Counter()
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path)
     for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=["reason"]):
         counts.update(dict(zip(*(c.to_pylist() for c in pc.value_counts(batch.column(0)).flatten()))))
     return counts

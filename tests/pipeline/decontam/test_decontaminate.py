@@ -523,3 +523,41 @@ def test_streamed_gives_the_in_memory_bytes_when_columns_span_many_pages(tmp_pat
     assert streamed.report == whole.report and whole.report["removed_rows"] == 2
     assert pq.ParquetFile(tmp_path / "whole.parquet").metadata.row_group(0).column(0).total_compressed_size > 1 << 20
     assert (tmp_path / "streamed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+
+
+def test_reading_a_manifest_in_batches_holds_about_one_row_group(tmp_path):
+    """The streamed path's reader must not keep what it has read: with pyarrow's default
+    ``pre_buffer=True`` the range cache held every row group's bytes, and memory grew with the file."""
+    from pipeline.decontam.streamed import open_parquet
+
+    rng = np.random.default_rng(4)
+    rows, groups = 20_000, 20
+    raw = rng.bytes(20 * rows * groups).hex()
+    ids = pa.array([raw[40 * i:40 * (i + 1)] for i in range(rows * groups)], pa.string())
+    pq.write_table(pa.table({"image_id": ids}), tmp_path / "m.parquet", row_group_size=rows)
+    del ids
+    file_bytes = (tmp_path / "m.parquet").stat().st_size
+    held, before = [], pa.total_allocated_bytes()
+    pf = open_parquet(tmp_path / "m.parquet")
+    for batch in pf.iter_batches(batch_size=rows // 2, use_threads=False):
+        held.append(pa.total_allocated_bytes() - before)
+        del batch
+    assert len(held) == 2 * groups and max(held) < file_bytes / 4, (max(held), file_bytes)
+
+
+def test_merge_rounds_stay_large_with_many_runs(tmp_path):
+    """Many runs of uniformly spread ids: a round must yield about the buffered rows, not one run's
+    batch (which made the merge's cost grow with the square of the run count)."""
+    from pipeline.decontam import streamed
+
+    rng = np.random.default_rng(5)
+    raw = rng.bytes(20 * 40_000).hex()
+    ids = [raw[40 * i:40 * (i + 1)] for i in range(40_000)]
+    paths = []
+    for k in range(40):  # 40 runs of 1,000 rows, in batches of 50
+        paths.append(tmp_path / f"run{k}.arrow")
+        streamed._write_run(pa.table({"example_id": sorted(ids[1000 * k:1000 * (k + 1)])}), paths[-1], 50)
+    rounds = list(streamed.merge_runs(paths, "example_id"))
+    assert pa.concat_tables(rounds).column("example_id").to_pylist() == sorted(ids)
+    # ~2,000 rows a round, then up to one round a run as the runs end; one batch a round gave ~800
+    assert len(rounds) <= 100, len(rounds)
