@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.common.ownership import atomic_dir
-from pipeline.common.runinfo import RunRecord
+from pipeline.common.runinfo import InputsMissingError, RunRecord
 from pipeline.decontam.arrow_sort import count_distinct, take_sorted
 from pipeline.decontam.coco_test_images import read_image_info
 from pipeline.decontam.eval_set import (IMAGE_COLUMNS, EvalIndex, inherit_identities, manifest_path, read_eval_images,
@@ -188,10 +188,29 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path, compression="zstd", row_group_size=1 << 20)
 
 
+def _rejects_path(manifest_dir: Path, dataset: str) -> Path:
+    return Path(manifest_dir) / f"{dataset}.rejects.parquet"
+
+
+def check_inputs(params) -> None:
+    """Every manifest the stage reads (each scored dataset's, each pretraining corpus's and its rejects)
+    exists, before any work: the first one missing raises InputsMissingError naming it and the ingest
+    that writes it."""
+    manifest_dir = Path(params.paths.data) / "manifests"
+    scored = [d for d, splits in params.eval_splits().items() if splits]
+    corpora = list(params.decontaminate.pretrain_datasets)
+    wanted = [manifest_path(manifest_dir, d) for d in sorted(set(scored + corpora))]
+    wanted += [_rejects_path(manifest_dir, d) for d in sorted(corpora)]
+    for path in wanted:
+        if not path.is_file():
+            dataset = path.name.split(".", 1)[0]
+            raise InputsMissingError(f"{path} does not exist: run `python -m pipeline ingest {dataset}` first")
+
+
 def _read_rejects(manifest_dir: Path, dataset: str) -> pa.Table:
-    path = Path(manifest_dir) / f"{dataset}.rejects.parquet"
+    path = _rejects_path(manifest_dir, dataset)
     if not path.exists():
-        raise FileNotFoundError(f"rejects file {path} does not exist: run the ingest stage for {dataset} first")
+        raise InputsMissingError(f"rejects file {path} does not exist: run the ingest stage for {dataset} first")
     return pq.read_table(path, columns=["reason"])
 
 
@@ -270,6 +289,7 @@ def run(params) -> dict[str, dict]:
     manifest_dir = data / "manifests"
     if not 0 <= cfg.phash_max_distance <= 32:
         raise ValueError(f"decontaminate.phash_max_distance must be in 0..32, got {cfg.phash_max_distance}")
+    check_inputs(params)
     record = RunRecord("decontaminate", params.section_digest("decontaminate"))
     eval_splits = params.eval_splits()
     eval_images = read_eval_images(manifest_dir, eval_splits)
@@ -301,7 +321,7 @@ def run(params) -> dict[str, dict]:
                 runs = streamed / f"{dataset}.runs"
                 runs.mkdir()
                 results[dataset] = decontaminate_streamed(
-                    dataset, path, manifest_dir / f"{dataset}.rejects.parquet", index,
+                    dataset, path, _rejects_path(manifest_dir, dataset), index,
                     streamed / f"{dataset}.parquet", runs, finder=finder, val_coco_ids=vg_val, workers=cfg.workers)
                 shutil.rmtree(runs)
             cache.save()

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.common.runinfo import InputsMissingError
 from pipeline.decontam.url_vec import url_keys
 from pipeline.decontam.urls import flickr_photo_id
 
@@ -50,7 +51,7 @@ def manifest_path(manifest_dir: Path, dataset: str) -> Path:
 def read_manifest(path: Path, columns: Iterable[str] | None = None) -> pa.Table:
     """Read a manifest parquet file (all columns or the existing ones of ``columns``)."""
     if not path.exists():
-        raise FileNotFoundError(f"manifest {path} does not exist: run the ingest stage for this dataset first")
+        raise InputsMissingError(f"manifest {path} does not exist: run the ingest stage for this dataset first")
     if columns is None:
         return pq.read_table(path)
     present = set(pq.read_schema(path).names)

@@ -323,7 +323,8 @@ def test_image_info_test_null_leaves_test_images_known_by_id_and_a_missing_one_i
 
 def test_missing_manifest_is_named(tmp_path):
     (tmp_path / "manifests").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"coco\.parquet does not exist"):
+    missing = r"manifests/cc\.parquet does not exist: run `python -m pipeline ingest cc` first"
+    with pytest.raises(FileNotFoundError, match=missing):
         decontaminate.run(_params(tmp_path))
 
 
@@ -561,3 +562,24 @@ def test_merge_rounds_stay_large_with_many_runs(tmp_path):
     assert pa.concat_tables(rounds).column("example_id").to_pylist() == sorted(ids)
     # ~2,000 rows a round, then up to one round a run as the runs end; one batch a round gave ~800
     assert len(rounds) <= 100, len(rounds)
+
+
+@pytest.mark.parametrize("missing", ["sbu.parquet", "sbu.rejects.parquet", "vqa.parquet"])
+def test_a_manifest_not_yet_ingested_is_one_line_before_any_work(world, tmp_path, capsys, missing):
+    """decontaminate run before an ingest it reads: a FileNotFoundError traceback (exit 1), and the
+    datasets before the missing one were already decontaminated (the pHash cache written)."""
+    from pipeline.__main__ import main
+
+    _, data, _ = world
+    out = copy_manifests(data, tmp_path / "data")
+    (out / "manifests" / missing).unlink()
+    args = ["decontaminate"]
+    for item in (f"paths.data={out}", "decontaminate.workers=1", "decontaminate.min_val_images=1",
+                 f"sources.coco.image_info_test={data.parent / 'image_info_test2015.json'}"):
+        args += ["--set", item]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{missing} does not exist" in err and "ingest" in err, err
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.is_relative_to(out / "manifests"))
+    # the stage's lock only: no pHash cache, clean manifests or reports
+    assert written == ["cache", "cache/locks", "cache/locks/decontaminate.lock"], written
