@@ -15,7 +15,6 @@ for a longer search: ``UNITER_FUZZ_EXAMPLES=500 pytest tests/pipeline/ingest/tes
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,16 +22,16 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers.fuzz import fuzz_settings
 from helpers.source_fixtures import FIXTURES, fixture_overrides
 from pipeline.ingest.ingest import ingest_dataset
 from pipeline.common.source_records import REASONS, SourceFormatError
 from pipeline.params.parser import load_params
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))
 
 pytestmark = pytest.mark.stage  # ingests datasets (not in `make test-unit`)
 
@@ -256,10 +255,7 @@ def test_every_damaged_row_ends_as_a_row_or_a_reject(dataset, tmp_path_factory):
     expected_rows = baseline_rows(tmp_path_factory, dataset)
 
     # the default budget reports a failing example as found (no shrinking: each step is an ingest)
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 12,
-              phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if EXAMPLES > 12 else []),
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.function_scoped_fixture])
+    @fuzz_settings()
     @given(data=st.data())
     def check(data):
         tmp = tmp_path_factory.mktemp(dataset)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,10 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers.fuzz import fuzz_settings
 from helpers.dbs_synthetic import params_for
 from helpers.uniter_release import C1, D, coco, msgpack_value, npz_value, regions, write_img_db, write_txt_db
 from pipeline.common.failures import BAD_INPUT, describe
@@ -43,7 +43,6 @@ from pipeline.stores.readers import ImageDb, TextDb
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.uniter_release.formats import IMAGE_FIELDS, UnsafeEntryError
 
-EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))
 N = 3  # entries per release DB
 REASONS = {"unreadable", "missing_field", "bad_shape", "too_few_regions", "not_in_nbb", "unmapped_name",
            "duplicate_image", "missing_record", "bad_field", "missing_image", "bad_key"}
@@ -221,10 +220,7 @@ def tok():
 
 def test_every_damaged_entry_is_converted_or_skipped_or_refused_by_name(tmp_path_factory, tok):
     # the default budget reports a failing example as found (no shrinking: each step is an import)
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 12,
-              phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if EXAMPLES > 12 else []),
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.function_scoped_fixture])
+    @fuzz_settings()
     @given(data=st.data())
     def check(data):
         tmp = tmp_path_factory.mktemp("release")

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import lmdb
 import lz4.frame
 import msgpack
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers.fuzz import fuzz_settings
 from helpers.uniter_release import FEAT
 from pipeline.__main__ import main
 from pipeline.stores.tokenization import WordPieceTokenizer
@@ -154,7 +154,6 @@ def test_a_tokenizer_file_that_is_no_vocabulary_is_one_line_naming_it(tmp_path, 
 # ---------------------------------------------------------------------------------------------
 # id2len.json's keys: the ids the import looks up in the release's LMDB and writes into its own
 
-EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))  # as test_fuzz_uniter_release.py
 LMDB_KEY_BYTES = 511  # LMDB's key size limit
 QUALIFIED = "pretrain_coco_val:"  # the project's id of release key k: QUALIFIED + k
 ODD_KEYS = ["", "\ud800", "a\udfffb", "x" * 511, "x" * 512, "\xe9" * 256, "k" * 494, "k" * 493, "\x00", " ",
@@ -179,9 +178,7 @@ def test_every_id2len_key_is_imported_or_skipped_with_a_reason(tmp_path_factory,
     text = st.text(st.characters(exclude_categories=()), max_size=12)
     keys = st.lists(st.one_of(st.sampled_from(ODD_KEYS), text), min_size=1, max_size=4, unique=True)
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 12,
-              phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if EXAMPLES > 12 else []),
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @fuzz_settings()
     @given(keys=keys.filter(lambda ks: "1" not in ks), data=st.data())
     def check(keys, data):
         tmp = tmp_path_factory.mktemp("release")
