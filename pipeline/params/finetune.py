@@ -108,7 +108,7 @@ class FinetuneConfig:
     per_task: Mapping[str, TaskConfig]  # task -> its budget (params.yaml)
     # task -> the non-pretrained start's own budget, chosen on dev by `budgets TASK --start scratch`
     # under the pretrained start's rule and grid; a task not listed: its per_task budget for both starts
-    scratch_per_task: Mapping[str, TaskConfig] = field(default_factory=dict)
+    scratch_per_task: Mapping[str, TaskConfig]  # (params.yaml; {}: none of its own)
     nlvr2_variant: Literal["triplet", "pair", "pair_biattn"] = "pair_biattn"
     nlvr2_image_types: bool = True  # left / right image regions get segment types 1 / 2 (UNITER); false: both 1
     nlvr2_head: Literal["linear", "mlp"] = "linear"  # linear: one Linear to 2 classes (UNITER); mlp: the answer MLP

@@ -112,7 +112,8 @@ def test_a_point_root_another_sweep_is_writing_is_not_written(tmp_path, capsys, 
 def test_the_scratch_start_has_its_own_budget_key_and_sweep_root(tmp_path):
     """``--start scratch``: a point sets finetune.scratch_per_task (the scratch start's lr and batch
     kept), the pretrained budget stays, and the sweep writes beside the pretrained one's."""
-    base = ft_params(tmp_path, "finetune.per_task.vcr={steps: 300, lr: 0.0001, batch_tokens: 1024, warmup_steps: 30}")
+    base = ft_params(tmp_path, "finetune.per_task.vcr={steps: 300, lr: 0.0001, batch_tokens: 1024, warmup_steps: 30}",
+                     "finetune.scratch_per_task={}")
     assert base.finetune.budget("vcr", "scratch") == base.finetune.budget("vcr", "pretrained")  # none of its own
     extra = point_overrides("vcr", 600, tmp_path / "steps600", "scratch", base=base)
     swept = ft_params(tmp_path, *extra)
