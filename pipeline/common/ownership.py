@@ -174,19 +174,24 @@ def remove_stale_temps(final: Path | str) -> None:
             remove_owned(stale)
 
 
+def _is_temp_file_of(entry: Path, name: str) -> bool:
+    """``entry`` is a plain file an atomic write of the file ``name`` left when killed before its rename:
+    ``.<name>.<random>.tmp`` beside it, the random part as :func:`tempfile.mkstemp` names it."""
+    own = re.fullmatch(rf"\.{re.escape(name)}\.[a-z0-9_]+\.tmp", entry.name)
+    return own is not None and entry.is_file() and not entry.is_symlink()
+
+
 def remove_stale_temp_files(final: Path | str) -> None:
     """Delete the files that atomic writes of the file ``final`` left when killed before their
-    rename: ``.<name>.<random>.tmp`` beside it, the random part as :func:`tempfile.mkstemp` names it.
-
-    Nothing else matches (another file's temporaries, a directory, a link). The caller holds the
-    lock of the stage writing ``final``, so no live write of it is running meanwhile.
+    rename (:func:`_is_temp_file_of`). Nothing else matches (another file's temporaries, a directory,
+    a link). The caller holds the lock of the stage writing ``final``, so no live write of it is
+    running meanwhile.
     """
     final = Path(final)
-    own = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]+\.tmp")
     if not final.parent.is_dir():
         return
     for stale in sorted(final.parent.glob(f".{glob.escape(final.name)}.*.tmp")):
-        if own.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
+        if _is_temp_file_of(stale, final.name):
             stale.unlink(missing_ok=True)
 
 
@@ -207,12 +212,6 @@ def strays(root: Path | str, keep: Iterable[str]) -> list[Path]:
     return sorted(e for e in root.iterdir() if e.name not in keep) if root.is_dir() else []
 
 
-def _own_temp_file(entry: Path, keep: set[str]) -> bool:
-    """A file an atomic write of one of ``keep`` left (``.<name>.<random>.tmp``, killed before its rename)."""
-    return entry.is_file() and not entry.is_symlink() and entry.name.endswith(".tmp") and \
-        any(entry.name.startswith(f".{name}.") for name in keep)
-
-
 def check_prunable(root: Path | str, keep: Iterable[str]) -> None:
     """Raise :class:`ForeignDirectoryError` unless :func:`prune` may remove every stray of ``root``:
     a directory the pipeline owns (or an empty one), or a temporary file of an atomic write of a
@@ -221,7 +220,7 @@ def check_prunable(root: Path | str, keep: Iterable[str]) -> None:
     for entry in strays(root, keep):
         if entry.is_dir() and not entry.is_symlink():
             check_owned(entry, action="remove as not written by this run")
-        elif not _own_temp_file(entry, keep):
+        elif not any(_is_temp_file_of(entry, name) for name in keep):
             raise ForeignDirectoryError(entry, "remove as not written by this run")
 
 
@@ -239,4 +238,3 @@ def prune(root: Path | str, keep: Iterable[str]) -> None:
             remove_owned(entry)
         else:
             entry.unlink()
-
