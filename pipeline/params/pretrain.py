@@ -233,7 +233,8 @@ class PretrainConfig:
             weights = dict(REFERENCE_DATASET_RATIOS[self.datasets])
         else:
             weights = {d: float(self.dataset_ratio[d]) for d in self.dataset_names()}
-        return {d: w for d, w in weights.items() if d in self.dataset_names(corpora)}
+        used = self.dataset_names(corpora)
+        return {d: w for d, w in weights.items() if d in used}
 
     def _dataset_ratio_problem(self) -> str | None:
         if isinstance(self.dataset_ratio, str):

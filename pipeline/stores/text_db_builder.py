@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.common.runinfo import InputsMissingError
+from pipeline.params.pretrain import DOMAIN_DATASETS
 from pipeline.stores.tokenization import WordPieceTokenizer
 from pipeline.stores.vqa_answers import build_answer_vocab, soft_targets
 
@@ -37,7 +38,6 @@ SPLITS = {
 DB_PREFIXES = {"coco": ("retrieval_coco",), "flickr30k": ("retrieval_flickr",), "vqa": ("vqa",),
                "vcr": ("vcr_qa", "vcr_qar"), "nlvr2": ("nlvr2",), "snli_ve": ("snli_ve",),
                "refcoco": ("refcoco_plus",)}
-PRETRAIN_DOMAINS = {"indomain": ("coco", "vg"), "outdomain": ("cc", "sbu")}
 PRETRAIN_SPLITS = ("train", "val")
 
 
@@ -48,7 +48,7 @@ def db_splits(dataset: str) -> tuple[str, ...]:
 
 def pretrain_domains(corpora: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """``{domain: its corpora among corpora}`` for each domain with one (COCO + VG: ``indomain`` only)."""
-    out = {domain: tuple(d for d in datasets if d in corpora) for domain, datasets in PRETRAIN_DOMAINS.items()}
+    out = {domain: tuple(d for d in datasets if d in corpora) for domain, datasets in DOMAIN_DATASETS.items()}
     return {domain: datasets for domain, datasets in out.items() if datasets}
 
 
