@@ -315,9 +315,7 @@ def run(params) -> dict[str, dict]:
                     workers=cfg.workers)
                 results[dataset].clean = top_up_val(results[dataset].clean, cfg.min_val_images, params.seed)
                 val_coco_ids = _val_coco_ids(results[dataset])
-            else:  # streamed: web-scale manifests (CC, SBU, ...) in bounded memory
-                read_manifest(path, columns=())  # names the ingest stage when the file is missing
-                _read_rejects(manifest_dir, dataset)
+            else:  # streamed: web-scale manifests (CC, SBU, ...) in bounded memory (check_inputs found both files)
                 runs = streamed / f"{dataset}.runs"
                 runs.mkdir()
                 results[dataset] = decontaminate_streamed(

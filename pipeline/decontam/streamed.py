@@ -146,14 +146,19 @@ def merge_runs(paths: list[Path], column: str) -> Iterator[pa.Table]:
         yield merged
 
 
+def _differs_from_previous(sorted_values: pa.Array) -> pa.Array:
+    """For each value of ``sorted_values`` (at least one) after the first: whether it differs from the
+    one before it. Equal values of a sorted array are neighbours, so each True starts a new value."""
+    return pc.not_equal(sorted_values.slice(1), sorted_values.slice(0, len(sorted_values) - 1))
+
+
 def sorted_distinct(values: pa.Array) -> pa.Array:
     """The distinct strings of ``values`` (no nulls), ascending: a sort of 64-bit prefix keys and a
     compare of neighbours, several times cheaper than hashing every string (``pc.unique``)."""
     values = values.take(pa.array(sort_indices(values))) if len(values) > 1 else values
     if len(values) < 2:
         return values
-    changed = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
-    return values.filter(pa.concat_arrays([pa.array([True]), changed]))
+    return values.filter(pa.concat_arrays([pa.array([True]), _differs_from_previous(values)]))
 
 
 def _merge_matches(matches: dict[str, ImageMatch], found: dict[str, ImageMatch], near: dict[str, set[str]]) -> None:
@@ -236,7 +241,7 @@ def count_distinct_runs(paths: list[Path]) -> int:
     distinct = 0
     for table in merge_runs(paths, "key"):
         keys = table.column("key").combine_chunks()
-        distinct += 1 + int(pc.sum(pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py() or 0)
+        distinct += 1 + int(pc.sum(_differs_from_previous(keys)).as_py() or 0)
     return distinct
 
 
