@@ -8,11 +8,13 @@ refuses before doing any work, so these tests take seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -177,16 +179,10 @@ def test_build_dbs_refuses_to_rebuild_over_a_foreign_db_directory(world):
     from pipeline.stores.build_dbs import run
 
     db = next(p for p in sorted((world / "db" / "txt").iterdir()) if p.is_dir())
-    moved = db.with_name(db.name + ".built")
-    db.rename(moved)
-    target = decoy(db)
-    try:
+    with decoy_in_place_of(db) as target:
         with pytest.raises(ForeignDirectoryError, match=str(target)):
             run(params_for(world))
         assert intact(target)
-    finally:
-        _cleanup(target)
-        moved.rename(db)
 
 
 def test_finetune_refuses_a_foreign_work_directory(world):
@@ -245,6 +241,22 @@ def _cleanup(target: Path) -> None:
         remove_owned(target)
 
 
+@contextlib.contextmanager
+def decoy_in_place_of(target: Path) -> Iterator[Path]:
+    """A user's folder (:func:`decoy`) where the pipeline's ``target`` was: the output, if there is
+    one, is moved aside and put back afterwards."""
+    moved = target.with_name(target.name + ".built") if target.exists() else None
+    if moved:
+        target.rename(moved)
+    decoy(target)
+    try:
+        yield target
+    finally:
+        _cleanup(target)
+        if moved:
+            moved.rename(target)
+
+
 # ---------------------------------------------------------------------------------------------
 # the command line, as the issue tried it
 
@@ -283,19 +295,13 @@ def test_build_dbs_checks_every_image_db_and_its_records_before_building_any(wor
     for target in (img / "zz_last", world / "db" / "txt" / "_run.json"):
         (world / "features" / "zz_last").mkdir(exist_ok=True)
         (world / "features" / "zz_last" / "meta.json").write_text("{}")
-        moved = target.with_name(target.name + ".built") if target.exists() else None
-        if moved:
-            target.rename(moved)
-        decoy(target)
         try:
-            with pytest.raises(ForeignDirectoryError, match=str(target)):
-                run(params_for(world))
-            assert intact(target)
-            assert (first / "data.mdb").stat().st_mtime_ns == before  # nothing rebuilt
+            with decoy_in_place_of(target):
+                with pytest.raises(ForeignDirectoryError, match=str(target)):
+                    run(params_for(world))
+                assert intact(target)
+                assert (first / "data.mdb").stat().st_mtime_ns == before  # nothing rebuilt
         finally:
-            _cleanup(target)
-            if moved:
-                moved.rename(target)
             import shutil
 
             shutil.rmtree(world / "features" / "zz_last")
@@ -310,17 +316,11 @@ def test_build_dbs_checks_every_text_db_before_building_any(world):
     stamps = {p: (p / "data.mdb").stat().st_mtime_ns for p in txt.iterdir() if (p / "data.mdb").is_file()}
     last = max(stamps, key=stamps.get)  # the DB the previous build wrote last
     del stamps[last]
-    moved = last.with_name(last.name + ".built")
-    last.rename(moved)
-    target = decoy(last)
-    try:
+    with decoy_in_place_of(last) as target:
         with pytest.raises(ForeignDirectoryError, match=str(target)):
             run(params_for(world))
         assert intact(target)
         assert {p: (p / "data.mdb").stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
-    finally:
-        _cleanup(target)
-        moved.rename(last)
 
 
 def test_pretrain_removes_what_a_killed_export_left_before_it_trains(world, monkeypatch):
