@@ -149,7 +149,7 @@ def download_dataset(params, dataset: str) -> dict[str, int]:
     root = Path(src.image_root)
     if src.image_layout != "img2dataset":
         raise ParamsError(f"sources.{dataset}.image_layout is {src.image_layout}: download writes the "
-                            "img2dataset layout; set it to img2dataset")
+                          "img2dataset layout; set it to img2dataset")
     record = RunRecord(f"download@{dataset}", params.section_digest("sources", "ingest"))
     start = time.time()
     table = url_list(params, dataset)
@@ -177,7 +177,7 @@ def run(params, item: str | None = None) -> list[dict[str, int]]:
     """Stage entry: download ``item`` (cc or sbu), or each of them that ``ingest.datasets`` names."""
     if params.world != "real":
         raise ParamsError("download: world is mini, whose images the mini_world stage writes in this layout "
-                            "already; set world: real and point sources at the real files")
+                          "already; set world: real and point sources at the real files")
     datasets = [item] if item else [d for d in DATASETS if d in params.ingest.datasets]
     if not datasets:
         raise ParamsError("download: ingest.datasets names neither cc nor sbu: nothing to download; name the "

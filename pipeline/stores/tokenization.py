@@ -102,7 +102,7 @@ class WordPieceTokenizer:
 
     def _not_a_vocabulary(self, why: str) -> TokenizerError:
         return TokenizerError(f"build_dbs.tokenizer: {self.path}: not a WordPiece vocab.txt or tokenizer.json "
-                                 f"with BERT's special tokens ({why})")
+                              f"with BERT's special tokens ({why})")
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
