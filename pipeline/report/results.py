@@ -79,6 +79,7 @@ def summarize(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     for task, record in records.items():
         for key, entry in record["summary"].items():
             row = {"task": task, "metric": key, "label": entry["label"], "steps": record.get("steps"),
+                   "scratch_steps": record.get("scratch_steps"),  # the scratch start's own budget, if it has one
                    "split": split_kind(task, key), **{c: entry.get(c) for c in COLUMNS}}
             row["gain_interval"] = entry.get("gain_interval")  # pipeline.training.paired.paired_gain
             row["scratch_at_chance"] = (row["scratch"] is not None and row["chance"] is not None
@@ -213,7 +214,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
              "Scores in percent on each task's test split (the metric key names it). Choices (budgets, learning "
              "rates) were made on the dev splits, whose scores are in `data/metrics/<task>.json`; a test split is "
              "only reported. *pretrained*: fine-tuned from the "
-             "pretrained model; *scratch*: the same fine-tuning (same steps, data order and head initialization) "
+             "pretrained model; *scratch*: the same fine-tuning (data order and head initialization; the same "
+             "steps, or its own budget chosen on dev where *steps* shows two: pretrained / scratch) "
              "from a non-pretrained start; *zero-shot*: the pretrained model before any fine-tuning; *chance*: "
              "a trivial predictor (majority answer, uniform choice or random ranking).", "", RIG_SCOPE, "",
              "| task | metric | steps | pretrained | scratch | gain | 95% interval (items / groups) | reads as "
@@ -223,7 +225,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         mark = SCRATCH_AT_CHANCE_MARK if r.get("scratch_at_chance") else ""
         mark += DEV_MARK if r.get("split") == "dev" else ""
         mark += SEEN_MARK if r.get("split") == "dev" and r["task"] in results.get("dev_in_pretraining", ()) else ""
-        lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {_fmt(r['steps'])} "
+        steps = _fmt(r["steps"]) + (f" / {r['scratch_steps']}" if r.get("scratch_steps") else "")
+        lines.append(f"| {r['task']} | {r['label']} (`{r['metric']}`){mark} | {steps} "
                      f"| {_fmt(r['pretrained'])} | {_fmt(r['scratch'])} | {_fmt(r['gain'], True)} "
                      f"| {_interval(r.get('gain_interval'))} | {READINGS[r['reading']]} | {_fmt(r['zero_shot'])} "
                      f"| {_fmt(r['chance'])} |")

@@ -95,6 +95,21 @@ def test_the_meta_sum_gain_has_an_interval_from_the_rows_standard_errors():
     assert (m["gain_interval"]["low"], m["gain_interval"]["high"]) == (0.2, 19.8) and m["reading"] == "gain"
 
 
+def test_a_scratch_start_with_its_own_budget_shows_both_steps(tmp_path):
+    """finetune.scratch_per_task gives the non-pretrained start its own steps (metrics' scratch_steps):
+    the steps cell shows both, and the text no longer says the two starts train the same steps."""
+    from pipeline.report.results import run
+
+    data = tmp_path / "data"
+    write_metrics(data, {**VQA, "scratch_steps": 80}, RETRIEVAL)
+    results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
+    assert [r["scratch_steps"] for r in results["rows"]] == [80, None, None]
+    md = (data / "reports" / "results.md").read_text()
+    assert "| vqa | VQA test acc (`test/accuracy`) | 40 / 80 |" in md
+    assert "| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`) | 30 |" in md
+    assert "same steps, data order" not in md
+
+
 def test_a_non_pretrained_start_at_chance_is_marked(tmp_path):
     """A scratch start that scored no better than chance did not take off (RefCOCO+ in one fp32 run
     scored 22.6 against chance 25.3): its row says so and a note explains it; above chance, nothing."""
