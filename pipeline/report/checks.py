@@ -35,6 +35,9 @@ PLANTED_FILE = Path("raw") / "mini" / "planted.json"  # the generator's ground t
 # what two runs of a stage may differ in: run records (wall times) and the measured throughput series
 WALL_CLOCK = "tokens_per_s"
 RERUN_SKIP = ("checkpoints", "cache")  # working folders (checkpoints, stage locks, scratch), not outputs
+# the stage whose outputs each check reads (``evaluate(..., ran=...)``: a check whose stage did not run reads n/a)
+CHECK_STAGE = {"mlm_uses_image": "pretrain", "itm_beats_majority": "pretrain", "task_beats_chance": "results",
+               "decontamination": "decontaminate", "start_is_the_export": "finetune"}
 
 
 @dataclass(frozen=True)
@@ -232,9 +235,18 @@ def rerun_identical(data: Path, rerun: Path | None) -> list[Verdict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate(data: Path | str, *, out_name: str = "pretrain", rerun: Path | str | None = None) -> list[Verdict]:
-    """Every verdict on the outputs below ``data`` (``out_name``: pretraining's ``pretrain.out_name``)."""
+def evaluate(data: Path | str, *, out_name: str = "pretrain", rerun: Path | str | None = None,
+             ran: set[str] | None = None) -> list[Verdict]:
+    """Every verdict on the outputs below ``data`` (``out_name``: pretraining's ``pretrain.out_name``).
+
+    ``ran``: the stages a partial run ran (the matrix's ``--until``); a check whose stage
+    (:data:`CHECK_STAGE`) is not among them reads n/a instead of failing on a missing output."""
     data = Path(data)
+    if ran is not None:
+        verdicts = evaluate(data, out_name=out_name, rerun=rerun)
+        return [v if CHECK_STAGE.get(v.check, "") in ran or v.check not in CHECK_STAGE
+                else Verdict(v.check, v.subject, None, v.margin, None, f"not run here ({CHECK_STAGE[v.check]})")
+                for v in verdicts]
     report = _read(data / "models" / out_name / "eval.json")
     results = _read(data / "reports" / "results.json")
     tasks = list(results["tasks"]) if results else []

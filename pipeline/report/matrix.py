@@ -176,6 +176,14 @@ def matrix_markdown(cells: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cell_stages(until: str | None, ablation: bool) -> tuple[str, ...]:
+    """The stages a cell runs: :data:`CELL_STAGES` up to ``until`` (all when None), and the ablation's
+    when ``ablation`` (only with the whole cell: it is compared with the cell's own pretraining)."""
+    if until is None:
+        return CELL_STAGES + (ABLATION_STAGES if ablation else ())
+    return CELL_STAGES[:CELL_STAGES.index(until) + 1] + (ABLATION_STAGES if ablation else ())
+
+
 def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
     out = Path(args.out).resolve()
     overrides = list(args.set or [])
@@ -191,7 +199,8 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
         run_stages(upstream, UPSTREAM_STAGES, [], threads=None, say=say)
     finetune_seed = raw["finetune"].get("seed") or raw["seed"]
     cells: dict[str, Any] = {}
-    stages = CELL_STAGES + (ABLATION_STAGES if args.ablation else ())
+    stages = cell_stages(args.until, args.ablation)
+    ran = None if args.until is None else set(UPSTREAM_STAGES) | set(stages)
     grid = list(itertools.product(args.seeds, args.precisions, args.threads))
     for i, (seed, precision, threads) in enumerate(grid):
         name = cell_name(seed, precision, threads)
@@ -207,13 +216,13 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
             (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
             link_upstream(upstream / "data", root / "data")
             run_stages(root, stages, cell_overrides, threads=threads, say=say)
-        verdicts = evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None)
+        verdicts = evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None, ran=ran)
         cells[name] = cell_record(runs[0] / "data", verdicts)
         say(f"  {name}: {sum(v.passed is True for v in verdicts)} pass, {len(failed(verdicts))} fail")
         write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
-                     threads=args.threads, finetune_seed=finetune_seed)  # after each cell: a long run shows progress
+                     threads=args.threads, finetune_seed=finetune_seed, until=args.until)  # after each cell: a long run shows progress
     return write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
-                        threads=args.threads, finetune_seed=finetune_seed)
+                        threads=args.threads, finetune_seed=finetune_seed, until=args.until)
 
 
 def write_tables(out: Path, cells: Mapping[str, Any], **setting: Any) -> dict[str, Any]:
@@ -248,5 +257,7 @@ def add_matrix_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads (default: 1 2)")
     p.add_argument("--rerun", action="store_true", help="run the first cell twice: byte-identical outputs")
     p.add_argument("--ablation", action="store_true", help="also the masking ablation (ablations/dvc.yaml) per cell")
+    p.add_argument("--until", choices=CELL_STAGES, help="a cell's last stage (default: all of them, to results); "
+                                                       "the checks of the stages not run read n/a")
     p.add_argument("--no-run", action="store_true", help="run nothing: tabulate the cells whose stages are all done")
     p.set_defaults(func=show_matrix)

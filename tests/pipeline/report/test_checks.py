@@ -152,3 +152,18 @@ def test_a_data_directory_without_the_runs_outputs_fails_rather_than_passing_not
     assert {v.check for v in checks.failed(verdicts)} == {"mlm_uses_image", "itm_beats_majority", "task_beats_chance",
                                                          "start_is_the_export"}
     assert all("dvc repro" in v.detail for v in checks.failed(verdicts))
+
+
+def test_a_run_stopped_after_pretraining_reads_the_later_checks_as_not_applicable(data):
+    for later in ("reports/results.json", "models/vqa", "models/vcr"):
+        path = data / later
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert {v.check for v in checks.failed(checks.evaluate(data))} == {"task_beats_chance", "start_is_the_export"}
+    partial = _by_check(checks.evaluate(data, ran={"decontaminate", "pretrain"}))
+    assert partial["mlm_uses_image"] == [True, True] and partial["itm_beats_majority"] == [True]
+    assert partial["task_beats_chance"] == [None] and partial["start_is_the_export"] == [None]
+    assert partial["decontamination"] == [True, True]
+    # a check whose stage ran still fails on what that stage got wrong
+    _write(data / "models" / "pretrain" / "eval.json", {**EVAL, "pretrained": {**EVAL["pretrained"],
+                                                                              "itm": {"itm_acc": 0.57}}})
+    assert _by_check(checks.evaluate(data, ran={"pretrain"}))["itm_beats_majority"] == [False]

@@ -103,3 +103,9 @@ def test_no_run_tabulates_only_the_cells_whose_stages_are_done(tmp_path):
     md = (out / "matrix.md").read_text()
     assert "seed1-fp32-t1" in md and "seed2" not in md and "| task_beats_chance | fine-tuning |" not in md
     assert not (out / "upstream" / matrix.MARKERS).exists()  # nothing ran
+
+
+def test_until_stops_every_cell_after_its_stage():
+    assert matrix.cell_stages(None, False) == matrix.CELL_STAGES
+    assert matrix.cell_stages("pretrain", False) == ("pretrain",)
+    assert matrix.cell_stages("finetune", True) == ("pretrain", "pretrain_vcr", "finetune") + matrix.ABLATION_STAGES
