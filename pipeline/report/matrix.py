@@ -133,12 +133,14 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.1f} ± {sd:.1f} ({min(values):+.1f}..{max(values):+.1f})"
 
 
-def matrix_markdown(cells: Mapping[str, Mapping[str, Any]]) -> str:
-    """The verdict table (one row per check and subject, one column per cell) and the gain table."""
+def matrix_markdown(cells: Mapping[str, Mapping[str, Any]], until: str | None = None) -> str:
+    """The verdict table (one row per check and subject, one column per cell) and the gain table;
+    ``until``: the stage each cell stopped after, when not all of them ran."""
     names = list(cells)
     stamp = rig_stamp()
+    stopped = f"; each cell ran up to `{until}` (the checks of later stages read n/a)" if until else ""
     lines = [f"Mini world v{stamp['mini_world_version']}, checks v{stamp['checks_version']}; "
-             f"{len(names)} cells (pretraining seed - precision - torch threads).", "",
+             f"{len(names)} cells (pretraining seed - precision - torch threads){stopped}.", "",
              "| check | subject | margin | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for name, cell in cells.items():
@@ -229,7 +231,7 @@ def write_tables(out: Path, cells: Mapping[str, Any], **setting: Any) -> dict[st
     """``matrix.json`` and ``matrix.md`` of the cells so far; returns the record."""
     record = {**rig_stamp(), **setting, "cells": dict(cells)}
     (out / "matrix.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    (out / "matrix.md").write_text(matrix_markdown(cells))
+    (out / "matrix.md").write_text(matrix_markdown(cells, setting.get("until")))
     return record
 
 

@@ -109,3 +109,5 @@ def test_until_stops_every_cell_after_its_stage():
     assert matrix.cell_stages(None, False) == matrix.CELL_STAGES
     assert matrix.cell_stages("pretrain", False) == ("pretrain",)
     assert matrix.cell_stages("finetune", True) == ("pretrain", "pretrain_vcr", "finetune") + matrix.ABLATION_STAGES
+    md = matrix.matrix_markdown({"seed1-fp32-t1": _cell(True, 4.0, "gain")}, until="pretrain")
+    assert "each cell ran up to `pretrain`" in md.splitlines()[0]
