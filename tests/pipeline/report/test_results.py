@@ -124,7 +124,7 @@ def test_a_non_pretrained_start_at_chance_is_marked(tmp_path):
     assert [r["scratch_at_chance"] for r in results["rows"]] == [False, True, False]  # equal to chance counts
     md = (data / "reports" / "results.md").read_text()
     assert f"| retrieval_flickr | Flickr IR R@1 (`test/ir_r1`){SCRATCH_AT_CHANCE_MARK} |" in md
-    assert f"| retrieval_flickr | Flickr TR R@1 (`test/tr_r1`) |" in md and "*Scratch at chance*" in md
+    assert "| retrieval_flickr | Flickr TR R@1 (`test/tr_r1`) |" in md and "*Scratch at chance*" in md
     write_metrics(data, VQA, learned)
     results = run(params_for(data, "finetune.tasks=[vqa, retrieval_flickr]"))
     assert not any(r["scratch_at_chance"] for r in results["rows"])
