@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import resource
 import subprocess
 import sys

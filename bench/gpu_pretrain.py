@@ -86,7 +86,6 @@ def profile_steps(step, n: int, device, out: Path) -> str:
     The table (top 40 operators by self device time on a GPU, self CPU time on the CPU) says where
     a step's time goes, so one GPU slot also yields what the next change should target.
     """
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import re
 import shutil
