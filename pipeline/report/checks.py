@@ -242,11 +242,6 @@ def evaluate(data: Path | str, *, out_name: str = "pretrain", rerun: Path | str 
     ``ran``: the stages a partial run ran (the matrix's ``--until``); a check whose stage
     (:data:`CHECK_STAGE`) is not among them reads n/a instead of failing on a missing output."""
     data = Path(data)
-    if ran is not None:
-        verdicts = evaluate(data, out_name=out_name, rerun=rerun)
-        return [v if CHECK_STAGE.get(v.check, "") in ran or v.check not in CHECK_STAGE
-                else Verdict(v.check, v.subject, None, v.margin, None, f"not run here ({CHECK_STAGE[v.check]})")
-                for v in verdicts]
     report = _read(data / "models" / out_name / "eval.json")
     results = _read(data / "reports" / "results.json")
     tasks = list(results["tasks"]) if results else []
@@ -254,7 +249,12 @@ def evaluate(data: Path | str, *, out_name: str = "pretrain", rerun: Path | str 
         lambda: mlm_uses_image(report), lambda: itm_beats_majority(report), lambda: tasks_beat_chance(results),
         lambda: decontamination_exact(data), lambda: start_is_the_export(data, tasks),
         lambda: rerun_identical(data, Path(rerun) if rerun is not None else None)]
-    return [v for check in checks for v in check()]
+    verdicts = [v for check in checks for v in check()]
+    if ran is None:
+        return verdicts
+    return [v if v.check not in CHECK_STAGE or CHECK_STAGE[v.check] in ran
+            else Verdict(v.check, v.subject, None, v.margin, None, f"not run here ({CHECK_STAGE[v.check]})")
+            for v in verdicts]
 
 
 def failed(verdicts: list[Verdict]) -> list[Verdict]:

@@ -179,11 +179,10 @@ def matrix_markdown(cells: Mapping[str, Mapping[str, Any]], until: str | None = 
 
 
 def cell_stages(until: str | None, ablation: bool) -> tuple[str, ...]:
-    """The stages a cell runs: :data:`CELL_STAGES` up to ``until`` (all when None), and the ablation's
-    when ``ablation`` (only with the whole cell: it is compared with the cell's own pretraining)."""
-    if until is None:
-        return CELL_STAGES + (ABLATION_STAGES if ablation else ())
-    return CELL_STAGES[:CELL_STAGES.index(until) + 1] + (ABLATION_STAGES if ablation else ())
+    """The stages a cell runs: :data:`CELL_STAGES` up to ``until`` (all when None), then the ablation's
+    when ``ablation`` (they read the cell's pretraining only)."""
+    cell = CELL_STAGES if until is None else CELL_STAGES[:CELL_STAGES.index(until) + 1]
+    return cell + (ABLATION_STAGES if ablation else ())
 
 
 def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
@@ -203,6 +202,8 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
     cells: dict[str, Any] = {}
     stages = cell_stages(args.until, args.ablation)
     ran = None if args.until is None else set(UPSTREAM_STAGES) | set(stages)
+    setting = dict(overrides=overrides, seeds=args.seeds, precisions=args.precisions, threads=args.threads,
+                   finetune_seed=finetune_seed, until=args.until)
     grid = list(itertools.product(args.seeds, args.precisions, args.threads))
     for i, (seed, precision, threads) in enumerate(grid):
         name = cell_name(seed, precision, threads)
@@ -221,10 +222,8 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
         verdicts = evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None, ran=ran)
         cells[name] = cell_record(runs[0] / "data", verdicts)
         say(f"  {name}: {sum(v.passed is True for v in verdicts)} pass, {len(failed(verdicts))} fail")
-        write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
-                     threads=args.threads, finetune_seed=finetune_seed, until=args.until)  # after each cell: a long run shows progress
-    return write_tables(out, cells, overrides=overrides, seeds=args.seeds, precisions=args.precisions,
-                        threads=args.threads, finetune_seed=finetune_seed, until=args.until)
+        write_tables(out, cells, **setting)  # after each cell: a long run shows progress
+    return write_tables(out, cells, **setting)
 
 
 def write_tables(out: Path, cells: Mapping[str, Any], **setting: Any) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", "12"))
 DEFAULT_EXAMPLES = 12
+EXAMPLES = int(os.environ.get("UNITER_FUZZ_EXAMPLES", str(DEFAULT_EXAMPLES)))
 
 
 def fuzz_settings() -> settings:
