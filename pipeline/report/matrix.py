@@ -17,7 +17,10 @@ and threads (the fine-tuning seed stays the upstream root seed: only pretraining
 ``--rerun`` the first cell runs twice and its ``rerun_identical`` verdict compares the two. A stage
 whose marker ``.matrix/<stage>.done`` exists is not run again, so a long matrix resumes. Writes
 ``matrix.json`` and ``matrix.md`` (again after each cell; ``--no-run`` only tabulates the cells that
-have run); exit status 1 when any verdict fails in any cell.
+have run); exit status 1 when any verdict fails in any cell. A cell whose stage fails (a fine-tuning
+start the divergence guard stopped, say) gets a failing ``ran`` row with the stage's own one-line
+error, its later checks read n/a, and the matrix goes on with the next cell; resumed, it runs the
+failed stage again.
 """
 
 from __future__ import annotations
@@ -85,25 +88,57 @@ def stage_env(threads: int | None) -> dict[str, str]:
     return env
 
 
+class StageFailed(RuntimeError):
+    """A stage of a side root exited non-zero; ``stage``, its ``log`` and the log's one-line ``reason``."""
+
+    def __init__(self, message: str, stage: str, log: Path) -> None:
+        super().__init__(message)
+        self.stage, self.log, self.reason = stage, log, failure_reason(log)
+
+
+def failure_reason(log: Path) -> str:
+    """What a failed stage said: its own one-line ``error:`` (pipeline/common/failures.py: a diverged
+    fine-tuning start names the task, the start and the step), else the log's last line."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    said = [ln for ln in lines if ln.startswith("error:")]
+    return (said or lines or ["(nothing logged)"])[-1]
+
+
 def run_stages(root: Path, stages: Iterable[str], overrides: list[str], *, threads: int | None,
                say=print) -> None:
     """Run each stage (``python -m pipeline <stage> --set ...``) in ``root``, logging to
-    ``root/.matrix/<stage>.log``; a stage with its ``.done`` marker is skipped. Raises RuntimeError
-    naming the stage and its log when one fails."""
+    ``root/.matrix/<stage>.log``; a stage with its ``.done`` marker is skipped. Raises
+    :class:`StageFailed` naming the stage and its log when one fails, and leaves its reason in a
+    ``.failed`` marker (removed when the stage runs again)."""
     marks = root / MARKERS
     marks.mkdir(parents=True, exist_ok=True)
     for stage in stages:
         done = marks / f"{stage}.done"
         if done.exists():
             continue
+        (marks / f"{stage}.failed").unlink(missing_ok=True)
         say(f"  {root.name}: {stage}")
         cmd = [sys.executable, "-m", "pipeline", stage, "--params", "params.yaml",
                *itertools.chain.from_iterable(("--set", o) for o in overrides)]
-        with open(marks / f"{stage}.log", "w") as log:
+        log_path = marks / f"{stage}.log"
+        with open(log_path, "w") as log:
             code = subprocess.run(cmd, cwd=root, env=stage_env(threads), stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
-            raise RuntimeError(f"{root.name}: `{' '.join(cmd[2:])}` failed ({code}); log: {marks / f'{stage}.log'}")
+            err = StageFailed(f"{root.name}: `{' '.join(cmd[2:])}` failed ({code}); log: {log_path}", stage, log_path)
+            (marks / f"{stage}.failed").write_text(err.reason + "\n")
+            raise err
         done.write_text("")
+
+
+def failed_stage(root: Path, stages: Iterable[str]) -> str | None:
+    """The stage of ``stages`` whose last run in ``root`` failed (its ``.failed`` marker), or None."""
+    return next((s for s in stages if (root / MARKERS / f"{s}.failed").exists()), None)
+
+
+def stage_failure_verdict(root: Path, stage: str) -> Verdict:
+    """A failing row for a cell that stopped at ``stage``: the stage's own reason as its value."""
+    reason = (root / MARKERS / f"{stage}.failed").read_text().strip().replace("|", "/")
+    return Verdict("ran", stage, reason, "exit status 0", False, str(root / MARKERS / f"{stage}.log"))
 
 
 def cell_record(data: Path, verdicts: list[Verdict]) -> dict[str, Any]:
@@ -185,6 +220,29 @@ def cell_stages(until: str | None, ablation: bool) -> tuple[str, ...]:
     return cell + (ABLATION_STAGES if ablation else ())
 
 
+def cell_finished(runs: list[Path], stages: tuple[str, ...]) -> bool:
+    """True when the cell's first run stopped at a failed stage, or each of its runs (the first, its
+    rerun) did every stage or stopped at a failed one."""
+    def over(root: Path) -> bool:
+        return failed_stage(root, stages) is not None or all((root / MARKERS / f"{s}.done").exists() for s in stages)
+
+    return failed_stage(runs[0], stages) is not None or all(over(r) for r in runs)
+
+
+def cell_verdicts(runs: list[Path], stages: tuple[str, ...], ran: set[str] | None) -> list[Verdict]:
+    """Every verdict of the cell (its first run; the rerun compared with it). A run stopped at a
+    failed stage adds that stage's failing row and compares with no rerun; where the first run
+    stopped, the checks of the stages it did not finish read n/a."""
+    stopped = [(root, stage) for root in runs if (stage := failed_stage(root, stages)) is not None]
+    if not stopped:
+        return evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None, ran=ran)
+    root, stage = stopped[0]
+    if root == runs[0]:
+        finished = set(UPSTREAM_STAGES) | set(stages[:stages.index(stage)])
+        ran = finished if ran is None else ran & finished
+    return evaluate(runs[0] / "data", ran=ran) + [stage_failure_verdict(root, stage)]
+
+
 def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
     out = Path(args.out).resolve()
     overrides = list(args.set or [])
@@ -210,16 +268,18 @@ def run_matrix(args: argparse.Namespace, say=print) -> dict[str, Any]:
         cell_overrides = [f"seed={seed}", f"finetune.seed={finetune_seed}", f"pretrain.precision={precision}",
                           f"finetune.precision={precision}"]
         runs = [out / "cells" / name] + ([out / "cells" / f"{name}-rerun"] if args.rerun and i == 0 else [])
-        if args.no_run:  # tabulate what has run: only cells (and reruns) whose every stage is done
-            runs = [r for r in runs if all((r / MARKERS / f"{st}.done").exists() for st in stages)]
-            if not runs or (args.rerun and i == 0 and len(runs) < 2):
-                continue
+        if args.no_run and not cell_finished(runs, stages):  # tabulate only what has run
+            continue
         for root in [] if args.no_run else runs:
             root.mkdir(parents=True, exist_ok=True)
             (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
             link_upstream(upstream / "data", root / "data")
-            run_stages(root, stages, cell_overrides, threads=threads, say=say)
-        verdicts = evaluate(runs[0] / "data", rerun=runs[1] / "data" if len(runs) > 1 else None, ran=ran)
+            try:
+                run_stages(root, stages, cell_overrides, threads=threads, say=say)
+            except StageFailed as err:  # tabulated as a failing row; the other cells still run
+                say(f"  {err}\n  {name}: {err.reason}")
+                break
+        verdicts = cell_verdicts(runs, stages, ran)
         cells[name] = cell_record(runs[0] / "data", verdicts)
         say(f"  {name}: {sum(v.passed is True for v in verdicts)} pass, {len(failed(verdicts))} fail")
         write_tables(out, cells, **setting)  # after each cell: a long run shows progress

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from pipeline.report import matrix
 from pipeline.stages import STAGES
 
@@ -54,15 +56,66 @@ def test_the_tables_show_every_verdict_per_cell_and_the_gains_spread():
     assert "observations, not verdicts" in md
 
 
-def test_a_failing_stage_names_itself_and_its_log(tmp_path, monkeypatch):
+def test_a_failing_stage_names_itself_its_log_and_its_own_error(tmp_path):
     (tmp_path / "params.yaml").write_text("seed: oops\n")
-    try:
+    with pytest.raises(matrix.StageFailed) as caught:
         matrix.run_stages(tmp_path, ["results"], [], threads=1, say=lambda *_: None)
-    except RuntimeError as err:
-        assert "results" in str(err) and str(tmp_path / ".matrix" / "results.log") in str(err)
-    else:
-        raise AssertionError("a failing stage must raise")
+    assert "results" in str(caught.value) and str(tmp_path / ".matrix" / "results.log") in str(caught.value)
+    # the CLI's one-line error for bad params, not the log's last line of a traceback
+    assert caught.value.stage == "results" and caught.value.reason == "error: params.yaml: missing key world"
     assert not (tmp_path / ".matrix" / "results.done").exists()
+    assert (tmp_path / ".matrix" / "results.failed").read_text().strip() == caught.value.reason
+    assert matrix.failed_stage(tmp_path, ["pretrain", "results"]) == "results"
+
+
+DIVERGED = "error: finetune@refcoco_plus: the pretrained start diverged at step 40 (dev 80.1 -> 26.0)"
+
+
+def _fake_stages(fail_in: set[str]):
+    """``subprocess.run`` for the matrix's stage commands: every stage succeeds (``results`` writes an
+    empty results.json), except ``finetune`` in a cell named in ``fail_in``, which logs DIVERGED, exits 1."""
+    import subprocess
+
+    def run(cmd, cwd, env, stdout, stderr):
+        stage, root = cmd[3], Path(cwd)
+        (root / "data").mkdir(exist_ok=True)
+        if stage == "finetune" and root.name in fail_in:
+            stdout.write("some progress\n" + DIVERGED + "\n")
+            return subprocess.CompletedProcess(cmd, 1)
+        if stage == "results":
+            out = root / "data" / "reports" / "results.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"tasks": [], "rows": [], "meta_sum": {}}))
+        return subprocess.CompletedProcess(cmd, 0)
+    return run
+
+
+def test_a_failing_cell_is_a_failing_row_and_the_matrix_goes_on(tmp_path, monkeypatch):
+    from pipeline.report.cli import build_parser
+
+    repo = Path(__file__).resolve().parents[3]
+    out = tmp_path / "m"
+    argv = ["matrix", "--out", str(out), "--params", str(repo / "params.yaml"), "--seeds", "1", "2",
+            "--precisions", "fp32", "--threads", "1"]
+    monkeypatch.setattr(matrix.subprocess, "run", _fake_stages({"seed1-fp32-t1"}))
+    said: list[str] = []
+    record = matrix.run_matrix(build_parser().parse_args(argv), say=said.append)
+    assert list(record["cells"]) == ["seed1-fp32-t1", "seed2-fp32-t1"]  # seed 2 ran after seed 1 failed
+    failed = {v["check"]: v for v in record["cells"]["seed1-fp32-t1"]["verdicts"] if v["passed"] is False}
+    assert failed["ran"]["subject"] == "finetune" and failed["ran"]["value"] == DIVERGED
+    assert any(DIVERGED in line for line in said)
+    by_check = {v["check"]: v for v in record["cells"]["seed1-fp32-t1"]["verdicts"]}
+    assert by_check["task_beats_chance"]["passed"] is None  # results never ran: n/a, not a second failure
+    assert "ran" not in {v["check"] for v in record["cells"]["seed2-fp32-t1"]["verdicts"]}
+    assert (out / "cells" / "seed2-fp32-t1" / matrix.MARKERS / "results.done").exists()
+    assert f"| ran | finetune | exit status 0 | FAIL {DIVERGED} |" in (out / "matrix.md").read_text()
+    # --no-run tabulates the failed cell too; resumed, the failed stage runs again and its row goes
+    tabulated = matrix.run_matrix(build_parser().parse_args([*argv, "--no-run"]), say=lambda *_: None)
+    assert list(tabulated["cells"]) == ["seed1-fp32-t1", "seed2-fp32-t1"]
+    monkeypatch.setattr(matrix.subprocess, "run", _fake_stages(set()))
+    resumed = matrix.run_matrix(build_parser().parse_args(argv), say=lambda *_: None)
+    assert "ran" not in {v["check"] for v in resumed["cells"]["seed1-fp32-t1"]["verdicts"]}
+    assert not (out / "cells" / "seed1-fp32-t1" / matrix.MARKERS / "finetune.failed").exists()
 
 
 def test_the_command_is_registered(capsys):
@@ -74,8 +127,6 @@ def test_the_command_is_registered(capsys):
 
 
 def test_params_the_schema_refuses_are_refused_before_any_run():
-    import pytest
-
     from pipeline.params.parser import ParamsError
 
     repo = Path(__file__).resolve().parents[3]
