@@ -137,7 +137,7 @@ def failed_stage(root: Path, stages: Iterable[str]) -> str | None:
 
 def stage_failure_verdict(root: Path, stage: str) -> Verdict:
     """A failing row for a cell that stopped at ``stage``: the stage's own reason as its value."""
-    reason = (root / MARKERS / f"{stage}.failed").read_text().strip().replace("|", "/")
+    reason = (root / MARKERS / f"{stage}.failed").read_text().strip()
     return Verdict("ran", stage, reason, "exit status 0", False, str(root / MARKERS / f"{stage}.log"))
 
 
@@ -161,6 +161,11 @@ def cell_record(data: Path, verdicts: list[Verdict]) -> dict[str, Any]:
             "ablation": json.loads(ablation.read_text())["masking"] if ablation.exists() else None}
 
 
+def _cell_text(value: Any) -> str:
+    """A verdict's value as a table cell: a stage's error may hold a ``|``, which would split the row."""
+    return "" if value is None else str(value).replace("|", "\\|")
+
+
 def _spread(values: list[float]) -> str:
     if not values:
         return "–"
@@ -182,8 +187,8 @@ def matrix_markdown(cells: Mapping[str, Mapping[str, Any]], until: str | None = 
         for v in cell["verdicts"]:
             rows.setdefault((v["check"], v["subject"]), {"margin": v["margin"]})[name] = v
     for (check, subject), by_cell in rows.items():
-        shown = [f"{verdict_mark(by_cell[n]['passed'])} {by_cell[n]['value'] if by_cell[n]['value'] is not None else ''}"
-                 .strip() if n in by_cell else "–" for n in names]
+        shown = [f"{verdict_mark(by_cell[n]['passed'])} {_cell_text(by_cell[n]['value'])}".strip()
+                 if n in by_cell else "–" for n in names]
         lines.append(f"| {check} | {subject} | {by_cell['margin']} | " + " | ".join(shown) + " |")
     lines += ["", "Ran with (pretraining's eval.json and _run.json): " + "; ".join(
         f"{n}: {c['ran_with']['precision']}, {c['ran_with']['torch_threads']} threads" for n, c in cells.items()), ""]

@@ -54,6 +54,9 @@ def test_the_tables_show_every_verdict_per_cell_and_the_gains_spread():
     assert "| itm_beats_majority | ITM acc over the majority rate | >= +0.05 | pass 0.06 | FAIL 0.01 |" in md
     assert "| vqa test/accuracy | +4.0 gain | -2.0 loss | +1.0 ± 4.2 (-2.0..+4.0) |" in md
     assert "observations, not verdicts" in md
+    piped = _cell(False, 1.0, "gain")
+    piped["verdicts"][0]["value"] = "error: a | b"  # a stage's own error, as the JSON keeps it
+    assert "| FAIL error: a \\| b |" in matrix.matrix_markdown({"seed1-fp32-t1": piped})
 
 
 def test_a_failing_stage_names_itself_its_log_and_its_own_error(tmp_path):
